@@ -1,0 +1,77 @@
+#include "process_group_backend.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+namespace dearcomm {
+namespace {
+
+// A c10d Work plus the local step that completes it (e.g. the sum after the
+// all-to-all of reduce_scatter).
+class WorkHandle final : public PendingCollective {
+ public:
+  WorkHandle(c10::intrusive_ptr<c10d::Work> work, const char* what, std::function<void()> finish = {})
+      : work_(std::move(work)), what_(what), finish_(std::move(finish)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    bool completed = false;
+    try {
+      completed = work_->wait(timeout);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, what_, " failed: ", e.what());
+    }
+    TORCH_CHECK(completed, what_, " did not finish within ", timeout.count(), " ms");
+    if (finish_) {
+      finish_();
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  const char* what_;
+  std::function<void()> finish_;
+};
+
+}  // namespace
+
+ProcessGroupBackend::ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : group_(std::move(group)) {
+  TORCH_CHECK_VALUE(group_, "dearcomm: the process group is None");
+}
+
+std::string ProcessGroupBackend::name() const {
+  return "c10d:" + group_->getBackendName();
+}
+
+std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
+  const int64_t p = world_size();
+  TORCH_CHECK(input.numel() == output.numel() * p,
+      "dearcomm: reduce_scatter input has ", input.numel(), " elements, expected ", output.numel() * p);
+  at::Tensor& scratch = scatter_scratch_[input.data_ptr()];
+  if (!scratch.defined() || scratch.numel() != input.numel() || scratch.dtype() != input.dtype()) {
+    scratch = at::empty_like(input);
+  }
+  at::Tensor in = input;
+  std::vector<int64_t> equal_splits;  // empty: p equal chunks
+  auto work = group_->all_to_all_single(scratch, in, equal_splits, equal_splits);
+  at::Tensor received = scratch.view({p, output.numel()});
+  at::Tensor out = output;
+  return std::make_unique<WorkHandle>(std::move(work), "reduce-scatter (all_to_all_single)",
+      [received, out]() mutable { at::sum_out(out, received, /*dim=*/{0}); });
+}
+
+std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
+  TORCH_CHECK(output.numel() == input.numel() * world_size(),
+      "dearcomm: all_gather output has ", output.numel(), " elements, expected ", input.numel() * world_size());
+  at::Tensor in = input;
+  at::Tensor out = output;
+  return std::make_unique<WorkHandle>(group_->all_gather_single(out, in), "all-gather");
+}
+
+std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {
+  std::vector<at::Tensor> tensors{buffer};
+  return std::make_unique<WorkHandle>(group_->allreduce(tensors), "all-reduce");
+}
+
+}  // namespace dearcomm

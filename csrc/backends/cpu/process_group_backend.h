@@ -1,0 +1,37 @@
+// CPU backend: the collectives of a c10d ProcessGroup (gloo), called from C++.
+// c10d Work objects stand in for the events of the NCCL backend.
+#pragma once
+
+#include "../../engine/comm_backend.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <unordered_map>
+
+namespace dearcomm {
+
+class ProcessGroupBackend final : public CommBackend {
+ public:
+  explicit ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group);
+
+  std::string name() const override;
+  int rank() const override { return group_->getRank(); }
+  int world_size() const override { return group_->getSize(); }
+
+  // gloo has no true reduce-scatter: c10d's gloo reduce_scatter all-reduces the
+  // whole buffer, twice DeAR's traffic. This one sends each rank its chunk with
+  // all_to_all_single ((p-1)/p of the bucket out and in, as a ring RS) into a
+  // scratch buffer kept per input buffer, then sums the p chunks locally in wait().
+  std::unique_ptr<PendingCollective> reduce_scatter(const at::Tensor& input, const at::Tensor& output) override;
+  std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) override;
+  std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) override;
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  // Receive buffers of reduce_scatter, one per input buffer (buckets are
+  // persistent, so this allocates once per bucket: fresh large allocations
+  // cost ~10x a copy on these machines).
+  std::unordered_map<const void*, at::Tensor> scatter_scratch_;
+};
+
+}  // namespace dearcomm

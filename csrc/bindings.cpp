@@ -1,0 +1,137 @@
+// Python bindings of dearcomm._C. Every call that may issue or wait on a
+// collective releases the GIL: gloo's workers may need it to free a finished
+// Work while this thread waits, and holding it then deadlocks.
+#include "backends/cpu/process_group_backend.h"
+#include "engine/bucket_layout.h"
+#include "engine/engine.h"
+
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+using namespace dearcomm;
+
+namespace {
+
+c10::ScalarType to_scalar_type(const py::handle& dtype) {
+  TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "dearcomm: expected a torch.dtype, got ",
+      py::str(py::type::of(dtype)).cast<std::string>());
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+py::object to_dtype(c10::ScalarType type) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
+}
+
+BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, int64_t bucket_cap_bytes, int64_t world_size) {
+  std::vector<c10::ScalarType> types;
+  for (const auto& d : dtypes) {
+    types.push_back(to_scalar_type(d));
+  }
+  return plan_buckets(numels, types, bucket_cap_bytes, world_size);
+}
+
+std::shared_ptr<Engine> make_engine(
+    BucketLayout layout,
+    std::vector<at::Tensor> params,
+    std::vector<std::string> names,
+    c10::intrusive_ptr<c10d::ProcessGroup> group,
+    const std::string& schedule,
+    const std::string& update,
+    double timeout_seconds) {
+  EngineOptions options;
+  TORCH_CHECK_VALUE(schedule == "dear" || schedule == "wfbp", "dearcomm: unknown schedule '", schedule, "'");
+  TORCH_CHECK_VALUE(update == "sharded" || update == "replicated", "dearcomm: unknown update '", update, "'");
+  options.schedule = schedule == "dear" ? Schedule::kDear : Schedule::kWfbp;
+  options.update = update == "sharded" ? Update::kSharded : Update::kReplicated;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
+  TORCH_CHECK_VALUE(!params.empty(), "dearcomm: no parameters to communicate");
+  TORCH_CHECK_NOT_IMPLEMENTED(params.front().device().is_cpu(),
+      "dearcomm: parameters on ", params.front().device(), " need the NCCL backend, which this build does not have");
+  auto backend = std::make_shared<ProcessGroupBackend>(std::move(group));
+  return std::make_shared<Engine>(std::move(layout), std::move(params), std::move(names), std::move(backend), options);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dearcomm engine: fused buckets, decoupled reduce-scatter / all-gather schedules";
+
+  py::class_<ParamSlot>(m, "ParamSlot")
+      .def_readonly("bucket", &ParamSlot::bucket)
+      .def_readonly("offset", &ParamSlot::offset)
+      .def_readonly("numel", &ParamSlot::numel)
+      .def("__repr__", [](const ParamSlot& s) {
+        return "ParamSlot(bucket=" + std::to_string(s.bucket) + ", offset=" + std::to_string(s.offset) +
+            ", numel=" + std::to_string(s.numel) + ")";
+      });
+
+  py::class_<BucketSpec>(m, "BucketSpec")
+      .def_readonly("first_param", &BucketSpec::first_param)
+      .def_readonly("num_params", &BucketSpec::num_params)
+      .def_readonly("numel", &BucketSpec::numel)
+      .def_readonly("padded_numel", &BucketSpec::padded_numel)
+      .def_readonly("shard_numel", &BucketSpec::shard_numel)
+      .def_property_readonly("dtype", [](const BucketSpec& s) { return to_dtype(s.dtype); });
+
+  py::class_<BucketLayout::Piece>(m, "Piece")
+      .def_readonly("param", &BucketLayout::Piece::param)
+      .def_readonly("param_offset", &BucketLayout::Piece::param_offset)
+      .def_readonly("numel", &BucketLayout::Piece::numel)
+      .def_readonly("bucket_offset", &BucketLayout::Piece::bucket_offset);
+
+  py::class_<BucketLayout>(m, "BucketLayout")
+      .def_readonly("params", &BucketLayout::params)
+      .def_readonly("buckets", &BucketLayout::buckets)
+      .def_readonly("world_size", &BucketLayout::world_size)
+      .def("pieces", &BucketLayout::pieces, py::arg("bucket"), py::arg("begin"), py::arg("end"),
+           "Parameters of `bucket` overlapping its element range [begin, end).")
+      .def("describe", &BucketLayout::describe);
+
+  m.def("plan_buckets", &plan, py::arg("numels"), py::arg("dtypes"), py::arg("bucket_cap_bytes"),
+        py::arg("world_size"),
+        "Plans fused buckets over parameters given in forward order (pure; no process group).");
+  m.attr("SHARD_ALIGN_BYTES") = kShardAlignBytes;
+
+  py::enum_<IterationState>(m, "IterationState")
+      .value("IDLE", IterationState::kIdle)
+      .value("BACKWARD", IterationState::kBackward)
+      .value("REDUCED", IterationState::kReduced)
+      .value("GATHERING", IterationState::kGathering);
+  py::enum_<BucketState>(m, "BucketState")
+      .value("FILLING", BucketState::kFilling)
+      .value("REDUCING", BucketState::kReducing)
+      .value("REDUCED", BucketState::kReduced)
+      .value("GATHERING", BucketState::kGathering)
+      .value("CURRENT", BucketState::kCurrent);
+
+  using release = py::call_guard<py::gil_scoped_release>;
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
+      .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
+           py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"))
+      .def("mark_grad_ready", &Engine::mark_grad_ready, release())
+      .def("check_backward_complete", &Engine::check_backward_complete)
+      .def("finish_reductions", &Engine::finish_reductions, release())
+      .def("start_gathers", &Engine::start_gathers, release())
+      .def("require_bucket", &Engine::require_bucket, release())
+      .def("flush", &Engine::flush, release())
+      .def("grad_shard", &Engine::grad_shard)
+      .def("master_shard", &Engine::master_shard)
+      .def("reload_master_shards", &Engine::reload_master_shards)
+      .def("bucket_state", &Engine::bucket_state)
+      .def_property_readonly("state", &Engine::state)
+      .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
+      .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
+      .def("set_update_fn", [](Engine& engine, py::function fn) {
+        // Called from GIL-free engine code: take the GIL to call, and to drop, the function.
+        auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+          py::gil_scoped_acquire gil;
+          delete f;
+        });
+        engine.set_update_fn([holder](int64_t bucket) {
+          py::gil_scoped_acquire gil;
+          (*holder)(bucket);
+        });
+      });
+}

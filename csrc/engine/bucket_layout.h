@@ -1,0 +1,65 @@
+// Bucket layout: where every gradient lives inside the fused communication
+// buckets. Planned once, from the parameters in forward order, by a pure
+// function; the engine allocates buffers afterwards and checks them against it.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dearcomm {
+
+// One parameter's place: `numel` elements at `offset` inside bucket `bucket`.
+struct ParamSlot {
+  int64_t bucket;
+  int64_t offset;
+  int64_t numel;
+};
+
+// One bucket: parameters [first_param, first_param + num_params) of the
+// forward order, `numel` data elements, padded to `padded_numel` so that it
+// splits into world_size equal shards of `shard_numel` elements.
+struct BucketSpec {
+  int64_t first_param;
+  int64_t num_params;
+  int64_t numel;
+  int64_t padded_numel;
+  int64_t shard_numel;
+  c10::ScalarType dtype;
+};
+
+struct BucketLayout {
+  std::vector<ParamSlot> params;
+  std::vector<BucketSpec> buckets;
+  int64_t world_size = 1;
+
+  // Parameters of bucket b overlapping the element range [begin, end) of the
+  // bucket, as {param index, first element inside the param, element count}.
+  struct Piece {
+    int64_t param;
+    int64_t param_offset;
+    int64_t numel;
+    int64_t bucket_offset;
+  };
+  std::vector<Piece> pieces(int64_t bucket, int64_t begin, int64_t end) const;
+
+  std::string describe() const;  // one line per bucket, for logs
+};
+
+// Each shard is padded to this many bytes, so every shard (and so every
+// rank's slice of a collective) starts 64-byte aligned: vectorised kernels and
+// NCCL's fast paths need aligned chunks. The pad is never read as data.
+constexpr int64_t kShardAlignBytes = 64;
+
+// Plans buckets over parameters given in forward order. A bucket is closed
+// once it holds at least `bucket_cap_bytes` (0: one bucket per parameter) or
+// when the next parameter has another dtype (a bucket is one flat tensor).
+BucketLayout plan_buckets(
+    const std::vector<int64_t>& numels,
+    const std::vector<c10::ScalarType>& dtypes,
+    int64_t bucket_cap_bytes,
+    int64_t world_size);
+
+}  // namespace dearcomm

@@ -1,0 +1,46 @@
+// The primitives a backend gives the engine. The engine core never branches on
+// the backend: the c10d/gloo backend (CPU) and the NCCL backend (GPU) differ
+// only behind this interface.
+//
+// Contract (as for c10d's ProcessGroup): every rank issues the same calls in
+// the same order; a call returns once the collective is enqueued; the result
+// may be read only after wait() on the returned handle.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace dearcomm {
+
+// One collective in flight. wait() blocks the host (CPU backend) or orders the
+// caller's stream after the collective (NCCL backend); it throws, naming the
+// collective, if the collective failed or did not finish within `timeout`.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+};
+
+class CommBackend {
+ public:
+  virtual ~CommBackend() = default;
+
+  virtual std::string name() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Sums `input` (world_size equal chunks) over all ranks and leaves chunk
+  // `rank` of the sum in `output`. `input` must not change until wait().
+  virtual std::unique_ptr<PendingCollective> reduce_scatter(const at::Tensor& input, const at::Tensor& output) = 0;
+
+  // Concatenates every rank's `input` into `output`, in rank order.
+  virtual std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
+
+  // Sums `buffer` over all ranks, in place.
+  virtual std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) = 0;
+};
+
+}  // namespace dearcomm

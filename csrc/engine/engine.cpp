@@ -1,0 +1,392 @@
+#include "engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <sstream>
+
+namespace dearcomm {
+
+// A profiler range named like "dearcomm::reduce_scatter[bucket 3]"; the name is
+// only built while a profiler listens.
+#define DEARCOMM_RANGE(phase, bucket)                                        \
+  at::RecordFunction dearcomm_range_(at::RecordScope::USER_SCOPE);          \
+  if (dearcomm_range_.isActive()) {                                          \
+    dearcomm_range_.before(                                                  \
+        std::string("dearcomm::") + (phase) + "[bucket " + std::to_string(bucket) + "]"); \
+  }
+
+const char* to_string(IterationState state) {
+  switch (state) {
+    case IterationState::kIdle: return "IDLE";
+    case IterationState::kBackward: return "BACKWARD";
+    case IterationState::kReduced: return "REDUCED";
+    case IterationState::kGathering: return "GATHERING";
+  }
+  return "?";
+}
+
+const char* to_string(BucketState state) {
+  switch (state) {
+    case BucketState::kFilling: return "FILLING";
+    case BucketState::kReducing: return "REDUCING";
+    case BucketState::kReduced: return "REDUCED";
+    case BucketState::kGathering: return "GATHERING";
+    case BucketState::kCurrent: return "CURRENT";
+  }
+  return "?";
+}
+
+struct Engine::Bucket {
+  BucketState state = BucketState::kCurrent;
+  int64_t ready = 0;        // parameters whose gradient arrived this backward
+  // Packed local gradients (padded). Replicated update: also the output of the
+  // all-gather of averaged gradient shards (the packed data is consumed by then).
+  at::Tensor grads;
+  at::Tensor grad_shard;    // dear: this rank's averaged gradient shard
+  at::Tensor master;        // sharded: fp32 master parameters, this rank's shard
+  at::Tensor gather_input;  // sharded: `master` in the parameters' dtype (aliases it for fp32)
+  at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
+  std::unique_ptr<PendingCollective> pending;
+};
+
+Engine::Engine(BucketLayout layout,
+               std::vector<at::Tensor> params,
+               std::vector<std::string> names,
+               std::shared_ptr<CommBackend> backend,
+               EngineOptions options)
+    : layout_(std::move(layout)),
+      params_(std::move(params)),
+      names_(std::move(names)),
+      backend_(std::move(backend)),
+      options_(options),
+      grad_ready_(params_.size(), false) {
+  TORCH_CHECK_VALUE(backend_, "dearcomm: no communication backend");
+  TORCH_CHECK_NOT_IMPLEMENTED(!(options_.schedule == Schedule::kWfbp && options_.update == Update::kSharded),
+      "dearcomm: schedule='wfbp' with update='sharded' is not supported: wfbp all-reduces full gradients, "
+      "so every rank updates full parameters; use update='replicated' with wfbp, or schedule='dear'");
+  TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
+      "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
+      params_.size(), " parameters and ", names_.size(), " names");
+  TORCH_CHECK_VALUE(layout_.world_size == backend_->world_size(),
+      "dearcomm: the layout was planned for world size ", layout_.world_size,
+      " but the process group has ", backend_->world_size(), " ranks");
+
+  const int64_t rank = backend_->rank();
+  buckets_.resize(layout_.buckets.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const BucketSpec& spec = layout_.buckets[b];
+    Bucket& bucket = buckets_[b];
+    const at::TensorOptions opts = params_[spec.first_param].options().dtype(spec.dtype);
+    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+      TORCH_CHECK_VALUE(params_[p].numel() == layout_.params[p].numel && params_[p].scalar_type() == spec.dtype,
+          "dearcomm: parameter '", names_[p], "' (", params_[p].numel(), " elements of ",
+          params_[p].scalar_type(), ") does not match its slot in bucket ", b, " (",
+          layout_.params[p].numel, " elements of ", spec.dtype, ")");
+    }
+    // Zeroed once: the pad is never written, so it stays zero through every collective.
+    bucket.grads = at::zeros({spec.padded_numel}, opts);
+    if (options_.schedule == Schedule::kDear) {
+      bucket.grad_shard = at::zeros({spec.shard_numel}, opts);
+    }
+    if (options_.update == Update::kSharded) {
+      bucket.params = at::zeros({spec.padded_numel}, opts);
+      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+        param_view(bucket.params, p).copy_(params_[p].detach());
+      }
+      bucket.master = bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel)
+                          .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      bucket.gather_input = spec.dtype == at::kFloat ? bucket.master : at::empty({spec.shard_numel}, opts);
+    }
+  }
+}
+
+Engine::~Engine() = default;
+
+BucketState Engine::bucket_state(int64_t bucket) const {
+  check_bucket_index(bucket);
+  return buckets_[bucket].state;
+}
+
+at::Tensor Engine::param_view(const at::Tensor& flat, int64_t param) const {
+  const ParamSlot& slot = layout_.params[param];
+  return flat.narrow(0, slot.offset, slot.numel).view(params_[param].sizes());
+}
+
+void Engine::check_bucket_index(int64_t bucket) const {
+  TORCH_CHECK_INDEX(bucket >= 0 && bucket < static_cast<int64_t>(buckets_.size()),
+      "dearcomm: bucket ", bucket, " out of range [0, ", buckets_.size(), ")");
+}
+
+void Engine::fail_collective(const char* what, int64_t bucket, const std::exception& e) const {
+  TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] ", what, " of bucket ", bucket, " (",
+      layout_.buckets[bucket].numel, " elements, backend ", backend_->name(), ") failed: ", e.what());
+}
+
+// ---- backward ------------------------------------------------------------
+
+void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
+  TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
+      "dearcomm: parameter index ", param, " out of range");
+  if (state_ == IterationState::kGathering) {
+    flush();  // every pending all-gather goes out before this backward's first reduction
+  }
+  TORCH_CHECK(state_ == IterationState::kIdle || state_ == IterationState::kBackward,
+      "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state_),
+      "; backward must not run inside optimizer.step()");
+  if (state_ == IterationState::kIdle) {
+    std::fill(grad_ready_.begin(), grad_ready_.end(), false);
+    for (Bucket& bucket : buckets_) {
+      bucket.ready = 0;
+      bucket.state = BucketState::kFilling;
+    }
+    next_reduction_ = 0;
+    state_ = IterationState::kBackward;
+  }
+  TORCH_CHECK(!grad_ready_[param],
+      "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
+      "call optimizer.step() after every backward");
+  TORCH_CHECK_VALUE(grad.layout() == at::kStrided,
+      "dearcomm: parameter '", names_[param], "' got a sparse gradient; sparse gradients are not supported "
+      "(use nn.Embedding(sparse=False))");
+  TORCH_CHECK_VALUE(grad.sizes() == params_[param].sizes(),
+      "dearcomm: the gradient of '", names_[param], "' has shape ", grad.sizes(),
+      " but the parameter has shape ", params_[param].sizes());
+
+  const ParamSlot& slot = layout_.params[param];
+  Bucket& bucket = buckets_[slot.bucket];
+  param_view(bucket.grads, param).copy_(grad);
+  grad_ready_[param] = true;
+  bucket.ready += 1;
+
+  // Reductions go out in descending bucket order on every rank, whatever
+  // order the gradients arrive in.
+  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
+  while (next_reduction_ < num_buckets) {
+    const int64_t b = num_buckets - 1 - next_reduction_;
+    if (buckets_[b].ready < layout_.buckets[b].num_params) {
+      break;
+    }
+    start_reduction(b);
+    next_reduction_ += 1;
+  }
+}
+
+void Engine::check_backward_complete() const {
+  if (state_ != IterationState::kBackward) {
+    return;
+  }
+  std::ostringstream missing;
+  int64_t count = 0;
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!grad_ready_[p]) {
+      if (count < 8) {
+        missing << (count ? ", " : "") << "'" << names_[p] << "'";
+      }
+      count += 1;
+    }
+  }
+  TORCH_CHECK_VALUE(count == 0,
+      "dearcomm: [rank ", backend_->rank(), "] ", count, " parameter(s) got no gradient in this backward: ",
+      missing.str(), (count > 8 ? ", ..." : ""),
+      ". Every parameter that requires grad must take part in the loss (freeze unused ones with "
+      "requires_grad_(False) before wrap)");
+}
+
+void Engine::start_reduction(int64_t b) {
+  Bucket& bucket = buckets_[b];
+  if (options_.schedule == Schedule::kDear) {
+    DEARCOMM_RANGE("reduce_scatter", b);
+    bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
+  } else {
+    DEARCOMM_RANGE("all_reduce", b);
+    bucket.pending = backend_->all_reduce(bucket.grads);
+  }
+  bucket.state = BucketState::kReducing;
+}
+
+// ---- step ----------------------------------------------------------------
+
+void Engine::finish_reductions() {
+  TORCH_CHECK(state_ != IterationState::kIdle && state_ != IterationState::kGathering,
+      "dearcomm: optimizer.step() called without a backward since the last step");
+  TORCH_CHECK(state_ == IterationState::kBackward,
+      "dearcomm: optimizer.step() called in state ", to_string(state_));
+  check_backward_complete();
+  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
+  for (int64_t b = num_buckets - 1; b >= 0; --b) {
+    finish_reduction(b);
+  }
+  state_ = IterationState::kReduced;
+}
+
+void Engine::finish_reduction(int64_t b) {
+  Bucket& bucket = buckets_[b];
+  const bool dear = options_.schedule == Schedule::kDear;
+  {
+    DEARCOMM_RANGE(dear ? "wait_reduce_scatter" : "wait_all_reduce", b);
+    try {
+      bucket.pending->wait(options_.timeout);
+    } catch (const std::exception& e) {
+      fail_collective(dear ? "reduce-scatter" : "all-reduce", b, e);
+    }
+  }
+  bucket.pending.reset();
+  const int64_t world = backend_->world_size();
+  if (dear) {
+    bucket.grad_shard.div_(world);
+  } else {
+    bucket.grads.div_(world);
+    copy_grads_to_params(b, bucket.grads);
+  }
+  bucket.state = BucketState::kReduced;
+}
+
+void Engine::start_gathers() {
+  TORCH_CHECK(state_ == IterationState::kReduced,
+      "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
+  if (options_.schedule == Schedule::kWfbp) {
+    for (Bucket& bucket : buckets_) {
+      bucket.state = BucketState::kCurrent;
+    }
+    state_ = IterationState::kIdle;
+    return;
+  }
+  if (options_.update == Update::kSharded && !params_bound_) {
+    bind_params_to_gather_buffers();
+  }
+  state_ = IterationState::kGathering;
+  next_gather_ = 0;
+  start_gather(0);
+}
+
+void Engine::bind_params_to_gather_buffers() {
+  // Done at the first step, never inside a backward, so no saved tensor of
+  // autograd sees a parameter change its storage.
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const Bucket& bucket = buckets_[layout_.params[p].bucket];
+    params_[p].set_data(param_view(bucket.params, static_cast<int64_t>(p)));
+  }
+  params_bound_ = true;
+}
+
+void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
+  const BucketSpec& spec = layout_.buckets[b];
+  for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+    at::Tensor& grad = params_[p].mutable_grad();
+    if (!grad.defined()) {
+      grad = at::empty_like(params_[p]);
+    }
+    grad.copy_(param_view(flat, p));
+  }
+}
+
+// ---- forward -------------------------------------------------------------
+
+void Engine::start_gather(int64_t b) {
+  Bucket& bucket = buckets_[b];
+  DEARCOMM_RANGE("all_gather", b);
+  if (options_.update == Update::kSharded) {
+    if (!bucket.gather_input.is_same(bucket.master)) {
+      bucket.gather_input.copy_(bucket.master);
+    }
+    bucket.pending = backend_->all_gather(bucket.gather_input, bucket.params);
+  } else {
+    bucket.pending = backend_->all_gather(bucket.grad_shard, bucket.grads);
+  }
+  bucket.state = BucketState::kGathering;
+  next_gather_ = b + 1;
+}
+
+void Engine::finish_gather(int64_t b) {
+  Bucket& bucket = buckets_[b];
+  {
+    DEARCOMM_RANGE("wait_all_gather", b);
+    try {
+      bucket.pending->wait(options_.timeout);
+    } catch (const std::exception& e) {
+      fail_collective("all-gather", b, e);
+    }
+  }
+  bucket.pending.reset();
+  if (options_.update == Update::kReplicated) {
+    DEARCOMM_RANGE("update", b);
+    copy_grads_to_params(b, bucket.grads);
+    if (update_fn_) {
+      update_fn_(b);
+    }
+  }
+  bucket.state = BucketState::kCurrent;
+}
+
+void Engine::require_bucket(int64_t b) {
+  if (state_ != IterationState::kGathering) {
+    return;
+  }
+  check_bucket_index(b);
+  while (next_gather_ <= b) {
+    start_gather(next_gather_);
+  }
+  if (buckets_[b].state == BucketState::kGathering) {
+    finish_gather(b);
+  }
+  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
+  if (b + 1 < num_buckets && next_gather_ == b + 1) {
+    start_gather(b + 1);  // prefetch: overlaps the modules of bucket b
+  }
+  for (const Bucket& bucket : buckets_) {
+    if (bucket.state != BucketState::kCurrent) {
+      return;
+    }
+  }
+  state_ = IterationState::kIdle;
+}
+
+void Engine::flush() {
+  if (state_ != IterationState::kGathering) {
+    return;
+  }
+  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
+  while (next_gather_ < num_buckets) {
+    start_gather(next_gather_);
+  }
+  for (int64_t b = 0; b < num_buckets; ++b) {
+    if (buckets_[b].state == BucketState::kGathering) {
+      finish_gather(b);
+    }
+  }
+  state_ = IterationState::kIdle;
+}
+
+// ---- sharded update ------------------------------------------------------
+
+at::Tensor Engine::grad_shard(int64_t b) const {
+  check_bucket_index(b);
+  TORCH_CHECK(options_.schedule == Schedule::kDear, "dearcomm: gradient shards exist only with schedule='dear'");
+  return buckets_[b].grad_shard;
+}
+
+at::Tensor Engine::master_shard(int64_t b) const {
+  check_bucket_index(b);
+  TORCH_CHECK(options_.update == Update::kSharded, "dearcomm: master shards exist only with update='sharded'");
+  return buckets_[b].master;
+}
+
+void Engine::reload_master_shards() {
+  TORCH_CHECK(options_.update == Update::kSharded, "dearcomm: master shards exist only with update='sharded'");
+  TORCH_CHECK(state_ == IterationState::kIdle,
+      "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state_));
+  const int64_t rank = backend_->rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const BucketSpec& spec = layout_.buckets[b];
+    Bucket& bucket = buckets_[b];
+    if (!params_bound_) {
+      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+        param_view(bucket.params, p).copy_(params_[p].detach());
+      }
+    }
+    bucket.master.copy_(bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel));
+  }
+}
+
+}  // namespace dearcomm

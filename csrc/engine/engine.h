@@ -1,0 +1,141 @@
+// The DeAR engine: fused buckets of gradients, reductions launched during
+// backward in bucket order, all-gathers chained through the next forward.
+//
+// Device-agnostic: all communication goes through a CommBackend, all data
+// movement through ATen ops, so the CPU (gloo) and NCCL paths share this file.
+//
+// One iteration, schedule "dear" (buckets are numbered in forward order):
+//
+//   backward   grads ready, last layers first -> RS(bucket B-1) ... RS(bucket 0)
+//   step()     wait every RS, average; sharded: optimizer on the 1/p shard
+//              then AG(bucket 0) of the updated parameters
+//   forward    module of bucket b starts -> wait AG(b) [replicated: update b]
+//              -> launch AG(b+1) (prefetch)
+//
+// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all in
+// step(), the user's optimizer updates full parameters, nothing in forward.
+//
+// Every rank launches the same collectives in the same order: reductions in
+// descending bucket order, all-gathers in ascending order, and every pending
+// all-gather is issued and finished before the next backward's first reduction.
+// Single-threaded by contract: hooks and step() run on the training thread.
+#pragma once
+
+#include "bucket_layout.h"
+#include "comm_backend.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dearcomm {
+
+enum class Schedule { kDear, kWfbp };
+enum class Update { kSharded, kReplicated };
+
+// Where the iteration stands. Changed only by the transition methods below.
+enum class IterationState {
+  kIdle,       // parameters current, nothing in flight; next: backward
+  kBackward,   // gradients arriving, reductions launched in bucket order
+  kReduced,    // every reduction finished and averaged; the optimizer may run
+  kGathering,  // all-gathers pending, consumed by the next forward's hooks
+};
+
+enum class BucketState {
+  kFilling,    // waiting for gradients of its parameters
+  kReducing,   // reduce-scatter / all-reduce in flight
+  kReduced,    // averaged gradient (shard) ready
+  kGathering,  // all-gather in flight
+  kCurrent,    // parameters up to date
+};
+
+const char* to_string(IterationState state);
+const char* to_string(BucketState state);
+
+struct EngineOptions {
+  Schedule schedule = Schedule::kDear;
+  Update update = Update::kSharded;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+class Engine {
+ public:
+  // `params` and `names` are in forward order, as given to plan_buckets.
+  Engine(BucketLayout layout,
+         std::vector<at::Tensor> params,
+         std::vector<std::string> names,
+         std::shared_ptr<CommBackend> backend,
+         EngineOptions options);
+  ~Engine();
+
+  // ---- backward --------------------------------------------------------
+  // Packs `grad` of parameter `param` into its bucket; launches the reduction
+  // of every complete bucket that is next in launch order.
+  void mark_grad_ready(int64_t param, const at::Tensor& grad);
+  // Raises, naming them, if some parameters got no gradient in this backward.
+  void check_backward_complete() const;
+
+  // ---- step ------------------------------------------------------------
+  // Waits for every reduction and averages. wfbp: the averaged gradients are
+  // copied into each parameter's .grad for the user's optimizer.
+  void finish_reductions();
+  // dear: launches the first all-gather (the forward pre-hooks chain the rest).
+  // The first call in sharded mode makes parameters views into the gathered
+  // buffers. wfbp: nothing to gather, back to kIdle.
+  void start_gathers();
+
+  // ---- forward ---------------------------------------------------------
+  // Makes bucket `bucket` current: launches all-gathers up to it, waits for
+  // it, applies its update (replicated), then prefetches the next bucket.
+  void require_bucket(int64_t bucket);
+  // Completes every pending all-gather and update (eval, state_dict, sync()).
+  void flush();
+
+  // ---- sharded update --------------------------------------------------
+  at::Tensor grad_shard(int64_t bucket) const;    // averaged gradient, this rank's shard
+  at::Tensor master_shard(int64_t bucket) const;  // fp32 master parameters, this rank's shard
+  // Re-reads master shards from the parameters (after a load_state_dict).
+  void reload_master_shards();
+
+  // Replicated update: called with the bucket index once its averaged
+  // gradient is in the parameters' .grad; runs the optimizer on that bucket.
+  void set_update_fn(std::function<void(int64_t)> fn) { update_fn_ = std::move(fn); }
+
+  const BucketLayout& layout() const { return layout_; }
+  IterationState state() const { return state_; }
+  BucketState bucket_state(int64_t bucket) const;
+  const CommBackend& backend() const { return *backend_; }
+
+ private:
+  struct Bucket;
+
+  void start_reduction(int64_t bucket);
+  void finish_reduction(int64_t bucket);
+  void start_gather(int64_t bucket);
+  void finish_gather(int64_t bucket);
+  void bind_params_to_gather_buffers();
+  void copy_grads_to_params(int64_t bucket, const at::Tensor& flat);
+  at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
+  [[noreturn]] void fail_collective(const char* what, int64_t bucket, const std::exception& e) const;
+  void check_bucket_index(int64_t bucket) const;
+
+  BucketLayout layout_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<CommBackend> backend_;
+  EngineOptions options_;
+  std::function<void(int64_t)> update_fn_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<bool> grad_ready_;  // per parameter, this backward
+  IterationState state_ = IterationState::kIdle;
+  int64_t next_reduction_ = 0;    // launch order is B-1, B-2, ..., 0: counts launched
+  int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
+  bool params_bound_ = false;
+};
+
+}  // namespace dearcomm

@@ -1,0 +1,51 @@
+"""What a wrapped module gains: ``sync()``, and state_dict()/load_state_dict()
+that see finished updates. Like FSDP2's ``fully_shard``, wrapping swaps the
+module's class for a subclass that mixes these in, so parameter names,
+``isinstance`` checks and attribute access stay as they were."""
+from __future__ import annotations
+
+from typing import Dict, Type
+
+from torch import nn
+
+from ._runtime import DearRuntime
+
+_classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
+
+
+class DearModule:
+    """Mixin for modules returned by :func:`dearcomm.wrap`."""
+
+    _dear: DearRuntime
+
+    def sync(self) -> None:
+        """Finishes every pending all-gather and update, so the parameters hold
+        the result of the last ``optimizer.step()``. state_dict(), eval and
+        no-grad forwards call it themselves."""
+        self._dear.sync()
+
+
+def _on_state_dict(module, prefix, keep_vars) -> None:
+    module._dear.sync()
+
+
+def _before_load(module, *args, **kwargs) -> None:
+    module._dear.sync()  # a pending all-gather would overwrite what is loaded
+
+
+def _after_load(module, incompatible_keys) -> None:
+    runtime = module._dear
+    if runtime.engine is not None and runtime.options.update == "sharded":
+        runtime.engine.reload_master_shards()  # the optimizer updates the master copy
+
+
+def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:
+    cls = module.__class__
+    if cls not in _classes:
+        _classes[cls] = type(f"Dear{cls.__name__}", (DearModule, cls), {"__module__": cls.__module__})
+    module.__class__ = _classes[cls]
+    module._dear = runtime
+    module.register_state_dict_pre_hook(_on_state_dict)
+    module.register_load_state_dict_pre_hook(_before_load)
+    module.register_load_state_dict_post_hook(_after_load)
+    return module

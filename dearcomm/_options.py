@@ -1,0 +1,63 @@
+"""Options of :func:`dearcomm.wrap`, validated once, on construction."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Optional
+
+import torch.distributed as dist
+
+SCHEDULES = ("dear", "wfbp")
+UPDATES = ("sharded", "replicated")
+
+
+@dataclasses.dataclass(frozen=True)
+class WrapOptions:
+    bucket_mb: float = 25.0
+    """Fusion threshold in MiB: a bucket closes once it holds this much. 0 gives
+    one bucket per parameter tensor. Larger buckets amortise each collective's
+    start-up latency; smaller ones start communication earlier. 25 is DDP's default."""
+
+    schedule: str = "dear"
+    """"dear": reduce-scatter during backward, all-gather during the next forward.
+    "wfbp": bucketed all-reduce during backward, finished in step() (DDP's schedule)."""
+
+    update: Optional[str] = None
+    """"sharded": each rank updates its 1/p shard of fp32 master parameters and the
+    all-gather carries parameters (optimizer state is 1/p; element-wise optimizers).
+    "replicated": the all-gather carries averaged gradients and every rank updates
+    full parameters (layer-wise optimizers such as LAMB). None picks "sharded" for
+    dear and "replicated" for wfbp, the only update wfbp has."""
+
+    process_group: Optional[dist.ProcessGroup] = None
+    """The ranks that train together; None is the default group."""
+
+    timeout: Optional[datetime.timedelta] = None
+    """How long to wait for one collective before raising; None takes the
+    process group's timeout."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bucket_mb, (int, float)) or isinstance(self.bucket_mb, bool):
+            raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
+        if not self.bucket_mb >= 0:  # also rejects NaN
+            raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
+        if self.update is None:
+            object.__setattr__(self, "update", "sharded" if self.schedule == "dear" else "replicated")
+        if self.update not in UPDATES:
+            raise ValueError(f"dearcomm: unknown update {self.update!r}; expected one of {UPDATES}")
+        if self.schedule == "wfbp" and self.update == "sharded":
+            raise NotImplementedError(
+                "dearcomm: schedule='wfbp' with update='sharded' is not supported: wfbp all-reduces full "
+                "gradients, so every rank updates full parameters. Use update='replicated' (or leave it "
+                "unset) with wfbp, or schedule='dear' for the sharded update."
+            )
+        if self.timeout is not None and (
+            not isinstance(self.timeout, datetime.timedelta) or self.timeout.total_seconds() <= 0
+        ):
+            raise ValueError(f"dearcomm: timeout must be a positive datetime.timedelta, got {self.timeout!r}")
+
+    @property
+    def bucket_cap_bytes(self) -> int:
+        return int(self.bucket_mb * 1024 * 1024)

@@ -1,0 +1,117 @@
+"""dearcomm.wrap(): validation, initial broadcast, and installation."""
+from __future__ import annotations
+
+import datetime
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+
+from ._module import DearModule, make_dear_module
+from ._optimizer import DistributedOptimizer
+from ._options import WrapOptions
+from ._runtime import DearRuntime
+
+
+def wrap(
+    module: nn.Module,
+    optimizer: Optimizer,
+    *,
+    bucket_mb: float = 25.0,
+    schedule: str = "dear",
+    update: Optional[str] = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> Tuple[nn.Module, DistributedOptimizer]:
+    """Makes ``module`` and ``optimizer`` train data-parallel with the DeAR schedule.
+
+    At wrap time: checks the model and optimizer, broadcasts parameters and
+    buffers from the group's first rank (as DDP does) and installs hooks. The
+    first forward records the order in which modules use their parameters; the
+    first backward lays out fused buckets in that order and builds the engine.
+
+    In every iteration, schedule="dear":
+      * backward: each bucket's gradients are packed as they arrive; once a
+        bucket is complete its reduce-scatter starts (last bucket first).
+      * ``optimizer.step()``: waits for the reduce-scatters. update="sharded":
+        runs your optimizer on this rank's 1/p shard of fp32 master parameters,
+        then starts the all-gather of the first bucket's parameters.
+        update="replicated": starts the all-gather of averaged gradients.
+      * next forward: a module's pre-hook waits for its bucket's all-gather
+        (replicated: then updates that bucket with your optimizer) and starts
+        the next bucket's all-gather, overlapping it with this module's work.
+    schedule="wfbp" all-reduces each bucket during backward instead and finishes
+    in step(), as DDP does; it has the replicated update only.
+
+    Anything that reads parameters outside a training forward waits for the
+    pending all-gathers first: ``module.sync()``, ``state_dict()``,
+    ``load_state_dict()``, and forwards under ``torch.no_grad()`` or ``eval()``.
+
+    Args:
+        module: the model, on CPU (gloo). Every rank passes the same architecture.
+        optimizer: a torch optimizer over (some of) the module's parameters.
+            update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...).
+        bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor.
+        schedule: "dear" (default) or "wfbp".
+        update: "sharded" (default for dear) or "replicated" (default for wfbp).
+        process_group: default: the default group.
+        timeout: limit for one collective; default: the process group's timeout.
+
+    Returns:
+        ``(module, optimizer)``: the same module object, now also a
+        :class:`DearModule`, and a :class:`DistributedOptimizer` to use in place
+        of ``optimizer``.
+    """
+    options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update,
+                          process_group=process_group, timeout=timeout)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "dearcomm: torch.distributed is not initialized; call "
+            "torch.distributed.init_process_group('gloo') (e.g. under torchrun) before dearcomm.wrap()")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"dearcomm: module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"dearcomm: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(module, DearModule):
+        raise ValueError("dearcomm: this module is already wrapped; wrap each model once")
+    if isinstance(optimizer, DistributedOptimizer):
+        raise ValueError("dearcomm: this optimizer is already wrapped; pass the original torch optimizer")
+    _check_parameters(module, optimizer)
+
+    _broadcast_from_first_rank(module, options.process_group)
+    runtime = DearRuntime(module, options)
+    return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
+
+
+def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:
+    names = {p: n for n, p in module.named_parameters()}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, param in enumerate(group["params"]):
+            if param not in names:
+                raise ValueError(
+                    f"dearcomm: the optimizer's param_groups[{g}]['params'][{i}] (shape {tuple(param.shape)}) "
+                    "is not a parameter of the module; build the optimizer from module.parameters()")
+    for param, name in names.items():
+        if param.requires_grad and not param.is_floating_point():
+            raise TypeError(f"dearcomm: parameter '{name}' has dtype {param.dtype}; only real floating-point "
+                            "parameters can be trained (freeze it with requires_grad_(False))")
+        if param.is_sparse:
+            raise TypeError(f"dearcomm: parameter '{name}' is a sparse tensor; only dense parameters are supported")
+    devices = {p.device for p in names if p.requires_grad}
+    if len(devices) > 1:
+        raise ValueError(f"dearcomm: parameters are on several devices {sorted(map(str, devices))}; "
+                         "move the whole model to one device before wrap()")
+    for name, sub in module.named_modules():
+        if getattr(sub, "sparse", False) is True and isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
+            raise ValueError(f"dearcomm: module '{name}' ({type(sub).__name__}) makes sparse gradients; "
+                             "sparse gradients are not supported, construct it with sparse=False")
+
+
+@torch.no_grad()
+def _broadcast_from_first_rank(module: nn.Module, group: Optional[dist.ProcessGroup]) -> None:
+    """Every rank starts from the first rank's parameters and buffers, as with DDP."""
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=source, group=group)
