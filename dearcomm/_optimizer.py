@@ -41,6 +41,7 @@ class DistributedOptimizer(Optimizer):
         self._shard_grads: List[tuple] = []            # (master piece, averaged grad piece)
         self._bucket_params: List[List[List]] = []     # [bucket][group] -> params (replicated)
         self._pending_shard_state: Optional[Dict[str, Any]] = None
+        self._step_hyperparameters: List[Dict[str, Any]] = []  # replicated dear: of the last step()
         runtime.on_engine_built.append(self._on_engine_built)
 
     # ---- set-up, once the engine has a layout -------------------------------
@@ -112,20 +113,25 @@ class DistributedOptimizer(Optimizer):
             self._shard_optimizer.step()
         elif self._schedule == "wfbp":
             self.optimizer.step()
+        else:  # replicated dear: the update runs per bucket, after its all-gather
+            self._step_hyperparameters = [self._hyperparameters(g) for g in self.param_groups]
         engine.start_gathers()
         return None
 
     def _update_bucket(self, bucket: int) -> None:
-        """Replicated update of one bucket: the user's optimizer, restricted to it."""
-        saved = [group["params"] for group in self.param_groups]
+        """Replicated update of one bucket: the user's optimizer, restricted to
+        its parameters, with the hyper-parameters of the step() it belongs to
+        (an LR scheduler may have stepped since)."""
+        saved = [dict(group) for group in self.param_groups]
         try:
-            for group, params in zip(self.param_groups, self._bucket_params[bucket]):
-                group["params"] = params
+            for group, hyper, params in zip(self.param_groups, self._step_hyperparameters, self._bucket_params[bucket]):
+                group.update(hyper, params=params)
             with torch.no_grad():
                 self.optimizer.step()
         finally:
-            for group, params in zip(self.param_groups, saved):
-                group["params"] = params
+            for group, original in zip(self.param_groups, saved):
+                group.clear()
+                group.update(original)
 
     # ---- checkpoints ------------------------------------------------------------
 

@@ -1,0 +1,39 @@
+"""Models and data shared by the tests."""
+import torch
+from torch import nn
+
+
+class MixedNet(nn.Module):
+    """Embedding, conv, layernorm and linear layers, a one-element parameter,
+    sizes that no world size divides, and a registration order that differs
+    from the forward order (head is registered before fc)."""
+
+    VOCAB, LENGTH, CLASSES = 17, 6, 3
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(self.VOCAB, 7)
+        self.head = nn.Linear(13, self.CLASSES)
+        self.conv = nn.Conv1d(7, 5, kernel_size=3)
+        self.norm = nn.LayerNorm(5)
+        self.fc = nn.Linear(5 * (self.LENGTH - 2), 13)
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, tokens):
+        x = self.embed(tokens).transpose(1, 2)          # (B, 7, L)
+        x = self.norm(self.conv(x).transpose(1, 2))     # (B, L-2, 5)
+        x = torch.relu(self.fc(x.flatten(1))) * self.scale
+        return self.head(x)
+
+
+def batches(steps: int, global_batch: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        tokens = torch.randint(0, MixedNet.VOCAB, (global_batch, MixedNet.LENGTH), generator=g)
+        labels = torch.randint(0, MixedNet.CLASSES, (global_batch,), generator=g)
+        yield tokens, labels
+
+
+def local_slice(tensor, rank: int, world_size: int):
+    n = tensor.shape[0] // world_size
+    return tensor[rank * n:(rank + 1) * n]

@@ -1,0 +1,74 @@
+"""Runs a function on N real processes joined by a gloo process group.
+
+Every run has a deadline: a rank that hangs fails the test (and is killed)
+instead of stalling CI. Exceptions in a rank come back with their traceback.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+from typing import Any, Callable, List
+
+import torch.multiprocessing as mp
+
+# Collective timeout inside the workers: well under the test's deadline, so a
+# stuck collective raises in the worker before the harness kills it.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=45)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, args, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # ranks share two cores
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        try:
+            results.put((rank, True, fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+class WorkerError(AssertionError):
+    pass
+
+
+def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: float = 180.0) -> List[Any]:
+    """Calls fn(rank, world_size, *args) on every rank; returns the results by rank.
+
+    fn must be importable (a module-level function): ranks are spawned."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out, errors = {}, {}
+    try:
+        for _ in range(world_size):
+            try:
+                rank, ok, value = results.get(timeout=deadline)
+            except Exception as e:  # queue.Empty
+                raise WorkerError(f"ranks {sorted(set(range(world_size)) - set(out) - set(errors))} did not "
+                                  f"finish within {deadline:.0f} s (hang?)") from e
+            (out if ok else errors)[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise WorkerError("\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items())))
+    return [out[r] for r in range(world_size)]

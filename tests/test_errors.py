@@ -1,0 +1,173 @@
+"""Bad input gets a clear error that names the problem, on every rank, and
+nothing hangs (every multi-process run has a deadline)."""
+import datetime
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dearcomm
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+# ---- without processes: options are checked before anything else ----------
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(bucket_mb=-1), ValueError, "bucket_mb must be >= 0"),
+    (dict(bucket_mb=float("nan")), ValueError, "bucket_mb must be >= 0"),
+    (dict(bucket_mb="25"), TypeError, "bucket_mb must be a number"),
+    (dict(update="lazy"), ValueError, "unknown update 'lazy'"),
+    (dict(schedule="ring"), ValueError, "unknown schedule 'ring'"),
+    (dict(schedule="wfbp", update="sharded"), NotImplementedError, "wfbp' with update='sharded' is not supported"),
+    (dict(timeout=5), ValueError, "timeout must be a positive datetime.timedelta"),
+])
+def test_bad_options(kwargs, error, message):
+    model = MixedNet()
+    with pytest.raises(error, match=message):
+        dearcomm.wrap(model, sgd(model), **kwargs)
+
+
+def test_wrap_before_init_process_group():
+    model = MixedNet()
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized.*init_process_group"):
+        dearcomm.wrap(model, sgd(model))
+
+
+# ---- in processes -------------------------------------------------------------
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+class ComplexParam(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3, dtype=torch.complex64))
+
+
+def one_step(model, optimizer, rank, world_size, tokens=None):
+    tokens, labels = next(batches(1, 8))
+    F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
+
+
+def misuse_worker(rank, world_size):
+    results = {}
+
+    def check(name, action):
+        try:
+            action()
+            results[name] = None
+        except Exception as e:  # the test asserts type and message
+            results[name] = (type(e).__name__, str(e))
+
+    def foreign_optimizer():
+        dearcomm.wrap(MixedNet(), sgd(MixedNet()))
+
+    def sparse_embedding():
+        model = nn.Sequential(nn.Embedding(10, 3, sparse=True))
+        dearcomm.wrap(model, sgd(model))
+
+    def complex_parameter():
+        model = ComplexParam()
+        dearcomm.wrap(model, sgd(model))
+
+    def wrap_twice():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        dearcomm.wrap(model, optimizer.optimizer)
+
+    def unused_parameter():
+        model = Unused()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        model(torch.ones(2, 4)).sum().backward()
+
+    def step_before_backward():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        optimizer.step()
+
+    def step_twice():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        optimizer.step()
+        optimizer.step()
+
+    def backward_twice():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        one_step(model, optimizer, rank, world_size)
+
+    def step_with_closure():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        optimizer.step(lambda: 0.0)
+
+    for name, action in list(locals().items()):
+        if callable(action) and name not in ("check",):
+            check(name, action)
+    return results
+
+
+MISUSE = {
+    "foreign_optimizer": ("ValueError", r"param_groups\[0\]\['params'\]\[0\] \(shape \(1,\)\) is not a parameter of the module"),
+    "sparse_embedding": ("ValueError", "module '0' \\(Embedding\\) makes sparse gradients"),
+    "complex_parameter": ("TypeError", "parameter 'w' has dtype torch.complex64"),
+    "wrap_twice": ("ValueError", "already wrapped"),
+    "unused_parameter": ("ValueError", r"2 parameter\(s\) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
+    "step_before_backward": ("RuntimeError", "step\\(\\) called before the first backward"),
+    "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
+    "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
+    "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
+}
+
+_misuse_results = []
+
+
+@pytest.mark.parametrize("name", sorted(MISUSE))
+def test_misuse_raises_on_every_rank(name):
+    if not _misuse_results:
+        _misuse_results.extend(run_workers(misuse_worker, 2, deadline=120))
+    expected_type, pattern = MISUSE[name]
+    for rank, results in enumerate(_misuse_results):
+        got = results[name]
+        assert got is not None, f"rank {rank}: {name} raised nothing"
+        assert got[0] == expected_type, f"rank {rank}: {name} raised {got}"
+        assert "dearcomm:" in got[1], got[1]
+        assert re.search(pattern, got[1]), f"rank {rank}: {got[1]!r} does not match {pattern!r}"
+
+
+def diverging_worker(rank, world_size):
+    """Rank 1 skips a layer: it raises at once, naming the parameters; the
+    others wait for a reduction that never comes and raise at the timeout."""
+    model = Unused()
+    model.forward = (lambda x: model.used(x) + model.unused(x)) if rank != 1 else (lambda x: model.used(x))
+    model, optimizer = dearcomm.wrap(model, sgd(model), bucket_mb=0, timeout=datetime.timedelta(seconds=3))
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+    except Exception as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_parameter_without_gradient_on_one_rank_errors_instead_of_hanging():
+    results = run_workers(diverging_worker, 3, deadline=90)
+    assert results[1][0] == "ValueError" and "'unused.weight', 'unused.bias'" in results[1][1], results[1]
+    for rank in (0, 2):
+        assert results[rank] is not None, f"rank {rank} finished a step its peer never joined"
+        assert f"dearcomm: [rank {rank}] reduce-scatter of bucket" in results[rank][1], results[rank]

@@ -1,0 +1,114 @@
+"""Parity: every schedule, update and bucket size trains exactly like one
+process on the global batch (fp32, rtol 1e-5), checked after every step.
+
+Each world size runs all configurations in one set of processes (spawning is
+the slow part); each configuration is then reported as its own test.
+"""
+import copy
+import itertools
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dearcomm
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+
+STEPS = 5
+GLOBAL_BATCH = 12  # divisible by 2, 3 and 4
+SMALL_BUCKET_MB = 2048 / 2**20  # 2 KiB: a few parameters per bucket
+
+SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+CONFIGS = [
+    dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb)
+    for optim, (schedule, update), bucket_mb in itertools.product(
+        ["sgd", "adamw"], SCHEDULES, [0.0, SMALL_BUCKET_MB, 25.0])
+]
+
+
+def config_id(cfg):
+    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB"
+
+
+def make_optimizer(kind, model):
+    # Two groups with different learning rates; the scheduler scales both.
+    first = list(model.embed.parameters()) + list(model.conv.parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in first)]
+    groups = [{"params": first}, {"params": rest, "lr": 0.05 if kind == "sgd" else 5e-3}]
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2)
+    return torch.optim.AdamW(groups, lr=1e-2, weight_decay=1e-2)
+
+
+def compare(what, actual, expected, failures, step):
+    try:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+    except AssertionError as e:
+        failures.append(f"step {step}, {what}: {e}")
+
+
+def train_and_compare(rank, world_size, cfg):
+    torch.manual_seed(0)
+    model = MixedNet()
+    reference = copy.deepcopy(model)
+    optimizer, ref_optimizer = make_optimizer(cfg["optim"], model), make_optimizer(cfg["optim"], reference)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
+    ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
+                                     schedule=cfg["schedule"], update=cfg["update"])
+    failures = []
+    for step, (tokens, labels) in enumerate(batches(STEPS, GLOBAL_BATCH)):
+        optimizer.zero_grad(set_to_none=step % 2 == 0)
+        F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
+        optimizer.step()
+        scheduler.step()
+
+        ref_optimizer.zero_grad()
+        F.cross_entropy(reference(tokens), labels).backward()
+        ref_optimizer.step()
+        ref_scheduler.step()
+
+        # Each way of reading parameters after step() must see the update.
+        way = step % 4
+        if way == 0:
+            compare("state_dict()", model.state_dict(), reference.state_dict(), failures, step)
+        elif way == 1:
+            with torch.no_grad():
+                compare("no_grad forward", model(tokens), reference(tokens), failures, step)
+        elif way == 2:
+            model.eval()
+            compare("eval forward", model(tokens), reference(tokens), failures, step)
+            model.train()
+        else:
+            model.sync()
+        compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), failures, step)
+    return failures
+
+
+def parity_worker(rank, world_size, configs):
+    results = {}
+    for cfg in configs:
+        try:
+            results[config_id(cfg)] = train_and_compare(rank, world_size, cfg)
+        except Exception:  # reported per configuration
+            results[config_id(cfg)] = [traceback.format_exc()]
+    return results
+
+
+_results = {}
+
+
+def results_for(world_size):
+    if world_size not in _results:
+        _results[world_size] = run_workers(parity_worker, world_size, CONFIGS, deadline=300)
+    return _results[world_size]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=config_id)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_parity_with_single_process(world_size, cfg):
+    for rank, results in enumerate(results_for(world_size)):
+        failures = results[config_id(cfg)]
+        assert not failures, f"rank {rank}:\n" + "\n".join(failures)
