@@ -39,7 +39,8 @@ std::shared_ptr<Engine> make_engine(
     c10::intrusive_ptr<c10d::ProcessGroup> group,
     const std::string& schedule,
     const std::string& update,
-    double timeout_seconds) {
+    double timeout_seconds,
+    const py::object& backend_capsule) {
   EngineOptions options;
   TORCH_CHECK_VALUE(schedule == "dear" || schedule == "wfbp", "dearcomm: unknown schedule '", schedule, "'");
   TORCH_CHECK_VALUE(update == "sharded" || update == "replicated", "dearcomm: unknown update '", update, "'");
@@ -47,9 +48,18 @@ std::shared_ptr<Engine> make_engine(
   options.update = update == "sharded" ? Update::kSharded : Update::kReplicated;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
   TORCH_CHECK_VALUE(!params.empty(), "dearcomm: no parameters to communicate");
-  TORCH_CHECK_NOT_IMPLEMENTED(params.front().device().is_cpu(),
-      "dearcomm: parameters on ", params.front().device(), " need the NCCL backend, which this build does not have");
-  auto backend = std::make_shared<ProcessGroupBackend>(std::move(group));
+  std::shared_ptr<CommBackend> backend;
+  if (backend_capsule.is_none()) {
+    TORCH_CHECK_VALUE(params.front().device().is_cpu(),
+        "dearcomm: parameters on ", params.front().device(), " need a backend from dearcomm._C_cuda");
+    backend = std::make_shared<ProcessGroupBackend>(std::move(group));
+  } else {
+    // Made by dearcomm._C_cuda.nccl_backend (see cuda_bindings.cpp).
+    auto capsule = backend_capsule.cast<py::capsule>();
+    TORCH_CHECK_TYPE(capsule.name() != nullptr && std::string(capsule.name()) == "dearcomm.CommBackend",
+        "dearcomm: backend must be a capsule from dearcomm._C_cuda.nccl_backend");
+    backend = *capsule.get_pointer<std::shared_ptr<CommBackend>>();
+  }
   return std::make_shared<Engine>(std::move(layout), std::move(params), std::move(names), std::move(backend), options);
 }
 
@@ -109,7 +119,8 @@ PYBIND11_MODULE(_C, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
-           py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"))
+           py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
+           py::arg("backend") = py::none())
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("check_backward_complete", &Engine::check_backward_complete)
       .def("finish_reductions", &Engine::finish_reductions, release())

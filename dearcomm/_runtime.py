@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _C
+from . import _C, _cuda
 from ._options import WrapOptions
 
 logger = logging.getLogger("dearcomm")
@@ -115,9 +115,11 @@ class DearRuntime:
             self.options.bucket_cap_bytes,
             self.world_size,
         )
+        device = self.params[0].device
+        backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
-            self.options.schedule, self.options.update, self.timeout.total_seconds(),
+            self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
         )
         for module, owned in self._module_params.items():
             self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in owned})

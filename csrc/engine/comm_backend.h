@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dearcomm {
 
@@ -41,6 +42,14 @@ class CommBackend {
 
   // Sums `buffer` over all ranks, in place.
   virtual std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) = 0;
+
+  // Copies every tensor of `sources` into `flat` at element `offsets[i]` (one
+  // fused launch on GPU). Sources have the flat buffer's dtype.
+  virtual void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
+                    const at::Tensor& flat) = 0;
+  // The reverse: element `offsets[i]` of `flat` onwards into `destinations[i]`.
+  virtual void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
+                      const std::vector<at::Tensor>& destinations) = 0;
 };
 
 }  // namespace dearcomm

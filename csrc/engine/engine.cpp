@@ -40,6 +40,10 @@ const char* to_string(BucketState state) {
 struct Engine::Bucket {
   BucketState state = BucketState::kCurrent;
   int64_t ready = 0;        // parameters whose gradient arrived this backward
+  // This backward's gradients, held until the bucket is complete and packed in
+  // one go (one fused launch on GPU); indexed like `offsets`.
+  std::vector<at::Tensor> arrived;
+  std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
   // Packed local gradients (padded). Replicated update: also the output of the
   // all-gather of averaged gradient shards (the packed data is consumed by then).
   at::Tensor grads;
@@ -84,6 +88,10 @@ Engine::Engine(BucketLayout layout,
           params_[p].scalar_type(), ") does not match its slot in bucket ", b, " (",
           layout_.params[p].numel, " elements of ", spec.dtype, ")");
     }
+    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+      bucket.offsets.push_back(layout_.params[p].offset);
+    }
+    bucket.arrived.resize(spec.num_params);
     // Zeroed once: the pad is never written, so it stays zero through every collective.
     bucket.grads = at::zeros({spec.padded_numel}, opts);
     if (options_.schedule == Schedule::kDear) {
@@ -149,13 +157,16 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   TORCH_CHECK_VALUE(grad.layout() == at::kStrided,
       "dearcomm: parameter '", names_[param], "' got a sparse gradient; sparse gradients are not supported "
       "(use nn.Embedding(sparse=False))");
+  TORCH_CHECK_VALUE(grad.scalar_type() == params_[param].scalar_type() && grad.device() == params_[param].device(),
+      "dearcomm: the gradient of '", names_[param], "' is ", grad.scalar_type(), " on ", grad.device(),
+      " but the parameter is ", params_[param].scalar_type(), " on ", params_[param].device());
   TORCH_CHECK_VALUE(grad.sizes() == params_[param].sizes(),
       "dearcomm: the gradient of '", names_[param], "' has shape ", grad.sizes(),
       " but the parameter has shape ", params_[param].sizes());
 
   const ParamSlot& slot = layout_.params[param];
   Bucket& bucket = buckets_[slot.bucket];
-  param_view(bucket.grads, param).copy_(grad);
+  bucket.arrived[param - layout_.buckets[slot.bucket].first_param] = grad;
   grad_ready_[param] = true;
   bucket.ready += 1;
 
@@ -195,6 +206,11 @@ void Engine::check_backward_complete() const {
 
 void Engine::start_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
+  {
+    DEARCOMM_RANGE("pack", b);
+    backend_->pack(bucket.arrived, bucket.offsets, bucket.grads);
+  }
+  std::fill(bucket.arrived.begin(), bucket.arrived.end(), at::Tensor());  // the user owns .grad again
   if (options_.schedule == Schedule::kDear) {
     DEARCOMM_RANGE("reduce_scatter", b);
     bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
@@ -272,13 +288,17 @@ void Engine::bind_params_to_gather_buffers() {
 
 void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
   const BucketSpec& spec = layout_.buckets[b];
+  std::vector<at::Tensor> grads;
+  grads.reserve(spec.num_params);
   for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
     at::Tensor& grad = params_[p].mutable_grad();
     if (!grad.defined()) {
       grad = at::empty_like(params_[p]);
     }
-    grad.copy_(param_view(flat, p));
+    grads.push_back(grad);
   }
+  DEARCOMM_RANGE("unpack", b);
+  backend_->unpack(flat, buckets_[b].offsets, grads);
 }
 
 // ---- forward -------------------------------------------------------------

@@ -74,4 +74,19 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Ten
   return std::make_unique<WorkHandle>(group_->allreduce(tensors), "all-reduce");
 }
 
+void ProcessGroupBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
+                               const at::Tensor& flat) {
+  for (size_t i = 0; i < sources.size(); ++i) {
+    flat.narrow(0, offsets[i], sources[i].numel()).view(sources[i].sizes()).copy_(sources[i]);
+  }
+}
+
+void ProcessGroupBackend::unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
+                                 const std::vector<at::Tensor>& destinations) {
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    at::Tensor destination = destinations[i];
+    destination.copy_(flat.narrow(0, offsets[i], destination.numel()).view(destination.sizes()));
+  }
+}
+
 }  // namespace dearcomm

@@ -1,0 +1,47 @@
+// dearcomm._C_cuda: the NCCL backend and the fused copy kernels. A separate
+// module, imported only when CUDA parameters appear, so that dearcomm imports
+// with a CPU-only torch or without a driver.
+//
+// The backend crosses to dearcomm._C (which owns the engine) as a PyCapsule
+// holding a std::shared_ptr<CommBackend>: both modules compile the same
+// interface header against the same libtorch.
+#include "backends/nccl/fused_copy.h"
+#include "backends/nccl/nccl_backend.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+using namespace dearcomm;
+
+namespace {
+
+constexpr const char* kCapsuleName = "dearcomm.CommBackend";
+
+py::capsule make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key_prefix, int rank,
+                              int world_size, int device, double timeout_seconds) {
+  std::shared_ptr<CommBackend> backend;
+  {
+    py::gil_scoped_release no_gil;  // communicator creation waits for every rank
+    backend = std::make_shared<NcclBackend>(store, key_prefix, rank, world_size,
+                                            static_cast<c10::DeviceIndex>(device),
+                                            std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+  }
+  auto* holder = new std::shared_ptr<CommBackend>(std::move(backend));
+  return py::capsule(holder, kCapsuleName, [](PyObject* capsule) {
+    delete static_cast<std::shared_ptr<CommBackend>*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "dearcomm NCCL backend and CUDA kernels";
+  m.def("nccl_version", &nccl_version_string);
+  m.def("nccl_backend", &make_nccl_backend, py::arg("store"), py::arg("key_prefix"), py::arg("rank"),
+        py::arg("world_size"), py::arg("device"), py::arg("timeout_seconds"),
+        "Creates the NCCL backend (two communicators, two streams) as a capsule for dearcomm._C.Engine.");
+  m.def("fused_copy", &fused_copy, py::arg("sources"), py::arg("destinations"), py::arg("scale") = 1.0,
+        py::call_guard<py::gil_scoped_release>(),
+        "destinations[i] = cast(scale * sources[i]); contiguous fp32/fp16/bf16 pairs in one kernel launch.");
+}
