@@ -13,7 +13,7 @@ DEPS_STAMP  := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.dearcomm-built
 SOURCES     := $(shell find csrc -type f) setup.py
 
-.PHONY: setup build train test bench clean
+.PHONY: setup build train test bench gpu-check clean
 
 setup: $(BUILD_STAMP)
 build: $(BUILD_STAMP)
@@ -38,6 +38,10 @@ test: $(BUILD_STAMP)
 
 bench: $(BUILD_STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node=2 benchmarks/overhead.py
+
+# On a GPU machine: every GPU test and the NCCL microbenchmarks, into results/gpu-check.txt.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf build *.egg-info dearcomm/*.so $(BUILD_STAMP)

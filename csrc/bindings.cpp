@@ -1,6 +1,7 @@
 // Python bindings of dearcomm._C. Every call that may issue or wait on a
 // collective releases the GIL: gloo's workers may need it to free a finished
 // Work while this thread waits, and holding it then deadlocks.
+#include "backend_capsule.h"
 #include "backends/cpu/process_group_backend.h"
 #include "engine/bucket_layout.h"
 #include "engine/engine.h"
@@ -32,6 +33,16 @@ BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, in
   return plan_buckets(numels, types, bucket_cap_bytes, world_size);
 }
 
+// A collective started from Python (benchmarks, tests); wait() releases the GIL.
+struct PyPending {
+  std::unique_ptr<PendingCollective> pending;
+  void wait(double timeout_seconds) {
+    TORCH_CHECK(pending, "dearcomm: this collective was already waited for");
+    pending->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+    pending.reset();
+  }
+};
+
 std::shared_ptr<Engine> make_engine(
     BucketLayout layout,
     std::vector<at::Tensor> params,
@@ -54,11 +65,7 @@ std::shared_ptr<Engine> make_engine(
         "dearcomm: parameters on ", params.front().device(), " need a backend from dearcomm._C_cuda");
     backend = std::make_shared<ProcessGroupBackend>(std::move(group));
   } else {
-    // Made by dearcomm._C_cuda.nccl_backend (see cuda_bindings.cpp).
-    auto capsule = backend_capsule.cast<py::capsule>();
-    TORCH_CHECK_TYPE(capsule.name() != nullptr && std::string(capsule.name()) == "dearcomm.CommBackend",
-        "dearcomm: backend must be a capsule from dearcomm._C_cuda.nccl_backend");
-    backend = *capsule.get_pointer<std::shared_ptr<CommBackend>>();
+    backend = backend_from_capsule(backend_capsule.cast<py::capsule>());  // e.g. from dearcomm._C_cuda.nccl_backend
   }
   return std::make_shared<Engine>(std::move(layout), std::move(params), std::move(names), std::move(backend), options);
 }
@@ -117,6 +124,33 @@ PYBIND11_MODULE(_C, m) {
       .value("CURRENT", BucketState::kCurrent);
 
   using release = py::call_guard<py::gil_scoped_release>;
+
+  // The backends' primitives, one call each, for benchmarks and tests. Every
+  // rank must call them in the same order, as with torch.distributed.
+  m.def("process_group_backend", [](c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    return backend_to_capsule(std::make_shared<ProcessGroupBackend>(std::move(group)));
+  }, py::arg("process_group"), "The c10d backend over a process group, as a capsule.");
+  py::class_<PyPending>(m, "PendingCollective")
+      .def("wait", &PyPending::wait, py::arg("timeout_seconds") = 1800.0, release(),
+           "CPU: blocks until done. NCCL: orders the current stream after the collective.");
+  m.def("reduce_scatter", [](const py::capsule& b, const at::Tensor& input, const at::Tensor& output) {
+    auto backend = backend_from_capsule(b);
+    py::gil_scoped_release no_gil;
+    return PyPending{backend->reduce_scatter(input, output)};
+  }, py::arg("backend"), py::arg("input"), py::arg("output"));
+  m.def("all_gather", [](const py::capsule& b, const at::Tensor& input, const at::Tensor& output) {
+    auto backend = backend_from_capsule(b);
+    py::gil_scoped_release no_gil;
+    return PyPending{backend->all_gather(input, output)};
+  }, py::arg("backend"), py::arg("input"), py::arg("output"));
+  m.def("all_reduce", [](const py::capsule& b, const at::Tensor& buffer) {
+    auto backend = backend_from_capsule(b);
+    py::gil_scoped_release no_gil;
+    return PyPending{backend->all_reduce(buffer)};
+  }, py::arg("backend"), py::arg("buffer"));
+  m.def("pack", [](const py::capsule& b, const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
+                   const at::Tensor& flat) { backend_from_capsule(b)->pack(sources, offsets, flat); },
+        py::arg("backend"), py::arg("sources"), py::arg("offsets"), py::arg("flat"), release());
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
            py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),

@@ -2,9 +2,9 @@
 // module, imported only when CUDA parameters appear, so that dearcomm imports
 // with a CPU-only torch or without a driver.
 //
-// The backend crosses to dearcomm._C (which owns the engine) as a PyCapsule
-// holding a std::shared_ptr<CommBackend>: both modules compile the same
-// interface header against the same libtorch.
+// The backend crosses to dearcomm._C, which owns the engine, as a capsule
+// (backend_capsule.h).
+#include "backend_capsule.h"
 #include "backends/nccl/fused_copy.h"
 #include "backends/nccl/nccl_backend.h"
 
@@ -16,8 +16,6 @@ using namespace dearcomm;
 
 namespace {
 
-constexpr const char* kCapsuleName = "dearcomm.CommBackend";
-
 py::capsule make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key_prefix, int rank,
                               int world_size, int device, double timeout_seconds) {
   std::shared_ptr<CommBackend> backend;
@@ -27,10 +25,7 @@ py::capsule make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, cons
                                             static_cast<c10::DeviceIndex>(device),
                                             std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
   }
-  auto* holder = new std::shared_ptr<CommBackend>(std::move(backend));
-  return py::capsule(holder, kCapsuleName, [](PyObject* capsule) {
-    delete static_cast<std::shared_ptr<CommBackend>*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-  });
+  return backend_to_capsule(std::move(backend));
 }
 
 }  // namespace

@@ -24,14 +24,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, results):
+def _entry(fn, rank, world_size, port, backend, args, results):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # ranks share two cores
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        device = None
+        if backend == "nccl":  # one GPU per rank
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
+                                device_id=device)
         try:
             results.put((rank, True, fn(rank, world_size, *args)))
         finally:
@@ -44,14 +49,16 @@ class WorkerError(AssertionError):
     pass
 
 
-def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: float = 180.0) -> List[Any]:
+def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: float = 180.0,
+                backend: str = "gloo") -> List[Any]:
     """Calls fn(rank, world_size, *args) on every rank; returns the results by rank.
 
-    fn must be importable (a module-level function): ranks are spawned."""
+    fn must be importable (a module-level function): ranks are spawned.
+    backend="nccl" gives each rank its own GPU."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, args, results), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

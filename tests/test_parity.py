@@ -42,16 +42,18 @@ def make_optimizer(kind, model):
     return torch.optim.AdamW(groups, lr=1e-2, weight_decay=1e-2)
 
 
-def compare(what, actual, expected, failures, step):
+def compare(what, actual, expected, failures, step, tolerance):
     try:
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(actual, expected, **tolerance)
     except AssertionError as e:
         failures.append(f"step {step}, {what}: {e}")
 
 
-def train_and_compare(rank, world_size, cfg):
+def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1e-5, atol=1e-6)):
+    """Trains a wrapped model on this rank's slice and a reference on the whole
+    batch; returns the mismatches found after every step (empty: parity)."""
     torch.manual_seed(0)
-    model = MixedNet()
+    model = MixedNet().to(device)
     reference = copy.deepcopy(model)
     optimizer, ref_optimizer = make_optimizer(cfg["optim"], model), make_optimizer(cfg["optim"], reference)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
@@ -60,6 +62,7 @@ def train_and_compare(rank, world_size, cfg):
                                      schedule=cfg["schedule"], update=cfg["update"])
     failures = []
     for step, (tokens, labels) in enumerate(batches(STEPS, GLOBAL_BATCH)):
+        tokens, labels = tokens.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=step % 2 == 0)
         F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
         optimizer.step()
@@ -73,17 +76,18 @@ def train_and_compare(rank, world_size, cfg):
         # Each way of reading parameters after step() must see the update.
         way = step % 4
         if way == 0:
-            compare("state_dict()", model.state_dict(), reference.state_dict(), failures, step)
+            compare("state_dict()", model.state_dict(), reference.state_dict(), failures, step, tolerance)
         elif way == 1:
             with torch.no_grad():
-                compare("no_grad forward", model(tokens), reference(tokens), failures, step)
+                compare("no_grad forward", model(tokens), reference(tokens), failures, step, tolerance)
         elif way == 2:
             model.eval()
-            compare("eval forward", model(tokens), reference(tokens), failures, step)
+            compare("eval forward", model(tokens), reference(tokens), failures, step, tolerance)
             model.train()
         else:
             model.sync()
-        compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), failures, step)
+        compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), failures, step,
+                tolerance)
     return failures
 
 

@@ -1,5 +1,6 @@
 #include "nccl_backend.h"
 
+#include "../../kernels/spin.h"
 #include "fused_copy.h"
 #include "nccl_check.h"
 
@@ -7,6 +8,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
 #include <cstring>
 
 namespace dearcomm {
@@ -74,6 +76,9 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
       rs_{nullptr, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)},
       ag_{nullptr, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)} {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
+  if (const char* delay = std::getenv("DEARCOMM_DEBUG_STREAM_DELAY_CYCLES")) {
+    debug_delay_cycles_ = std::atoll(delay);
+  }
   const c10::cuda::CUDAGuard guard(device_);
   rs_.comm = create_comm(store, key_prefix + "/reduce_scatter", rank, world_size);
   ag_.comm = create_comm(store, key_prefix + "/all_gather", rank, world_size);
@@ -109,6 +114,9 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
   for (const at::Tensor& t : touched) {
     // Note [Buffer lifetime]
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), channel.stream);
+  }
+  if (debug_delay_cycles_ > 0) {
+    DEARCOMM_CUDA_CHECK(kernels::spin(debug_delay_cycles_, channel.stream.stream()));
   }
   DEARCOMM_NCCL_CHECK(op(channel.comm, channel.stream.stream()));
   auto done = std::make_shared<CompletionEvent>();

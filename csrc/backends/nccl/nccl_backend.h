@@ -75,6 +75,9 @@ class NcclBackend final : public CommBackend {
   Channel rs_;  // reduce-scatter and all-reduce: fed by backward, drained by step()
   Channel ag_;  // all-gather: fed by step(), drained by the next forward
   std::unique_ptr<Watchdog> watchdog_;
+  // Tests only (DEARCOMM_DEBUG_STREAM_DELAY_CYCLES): delays every collective on
+  // its side stream, which must change no result if every wait is in place.
+  int64_t debug_delay_cycles_ = 0;
 };
 
 }  // namespace dearcomm
