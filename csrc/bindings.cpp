@@ -156,6 +156,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
            py::arg("backend") = py::none())
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
+      .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)
       .def("finish_reductions", &Engine::finish_reductions, release())
       .def("start_gathers", &Engine::start_gathers, release())
@@ -163,6 +164,7 @@ PYBIND11_MODULE(_C, m) {
       .def("flush", &Engine::flush, release())
       .def("grad_shard", &Engine::grad_shard)
       .def("master_shard", &Engine::master_shard)
+      .def("gathered_grads", &Engine::gathered_grads)
       .def("reload_master_shards", &Engine::reload_master_shards)
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)

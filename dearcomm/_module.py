@@ -4,7 +4,8 @@ module's class for a subclass that mixes these in, so parameter names,
 ``isinstance`` checks and attribute access stay as they were."""
 from __future__ import annotations
 
-from typing import Dict, Type
+import contextlib
+from typing import Dict, Iterator, Type
 
 from torch import nn
 
@@ -23,6 +24,20 @@ class DearModule:
         the result of the last ``optimizer.step()``. state_dict(), eval and
         no-grad forwards call it themselves."""
         self._dear.sync()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: run the forward and backward of every
+        micro-batch but the last inside this context. Gradients then add up
+        in ``.grad`` without communication; the last backward, outside it,
+        communicates the accumulated sum (divide your loss by the number of
+        micro-batches to get their mean, as with DDP)."""
+        runtime = self._dear
+        previous, runtime.sync_gradients = runtime.sync_gradients, False
+        try:
+            yield
+        finally:
+            runtime.sync_gradients = previous
 
 
 def _on_state_dict(module, prefix, keep_vars) -> None:

@@ -19,30 +19,37 @@ import inspect
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 from torch.optim import Optimizer
 
 from . import _C
+from ._optim_state import Piece, consolidate, load_consolidated
 from ._runtime import DearRuntime
 
 
 class DistributedOptimizer(Optimizer):
     def __init__(self, optimizer: Optimizer, runtime: DearRuntime) -> None:
-        # Share, do not copy: schedulers and users edit these in place.
-        Optimizer.__setstate__(self, {
-            "defaults": optimizer.defaults,
-            "state": optimizer.state,
-            "param_groups": optimizer.param_groups,
-        })
         self.optimizer = optimizer
+        Optimizer.__setstate__(self, {})  # torch's hook tables; the state itself is the user's (below)
         self._runtime = runtime
         self._update = runtime.options.update
         self._schedule = runtime.options.schedule
         self._shard_optimizer: Optional[Optimizer] = None
-        self._shard_grads: List[tuple] = []            # (master piece, averaged grad piece)
+        self._pieces: List[Piece] = []                 # sharded: this rank's parts of parameters
         self._bucket_params: List[List[List]] = []     # [bucket][group] -> params (replicated)
-        self._pending_shard_state: Optional[Dict[str, Any]] = None
+        self._bucket_grads: List[List[tuple]] = []      # [bucket] -> (param, averaged-gradient view)
+        self._pending_state: Optional[Dict[str, Any]] = None  # loaded before the engine existed
         self._step_hyperparameters: List[Dict[str, Any]] = []  # replicated dear: of the last step()
         runtime.on_engine_built.append(self._on_engine_built)
+
+    # The user's optimizer owns these; delegating (not copying) keeps LR
+    # schedulers, hyper-parameter edits and the user's load_state_dict(), which
+    # replaces the lists, seen by both.
+    param_groups = property(lambda self: self.optimizer.param_groups,
+                            lambda self, value: setattr(self.optimizer, "param_groups", value))
+    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
+    defaults = property(lambda self: self.optimizer.defaults,
+                        lambda self, value: setattr(self.optimizer, "defaults", value))
 
     # ---- set-up, once the engine has a layout -------------------------------
 
@@ -53,9 +60,14 @@ class DistributedOptimizer(Optimizer):
             self._build_shard_optimizer(engine, group_of)
         elif self._schedule == "dear":
             self._bucket_params = [[[] for _ in self.param_groups] for _ in layout.buckets]
+            self._bucket_grads = [[] for _ in layout.buckets]
             for i, param in enumerate(self._runtime.params):
+                slot = layout.params[i]
                 if param in group_of:
-                    self._bucket_params[layout.params[i].bucket][group_of[param]].append(param)
+                    self._bucket_params[slot.bucket][group_of[param]].append(param)
+                    gathered = engine.gathered_grads(slot.bucket)
+                    self._bucket_grads[slot.bucket].append(
+                        (param, gathered[slot.offset:slot.offset + slot.numel].view(param.shape)))
             engine.set_update_fn(self._update_bucket)
 
     def _build_shard_optimizer(self, engine: _C.Engine, group_of: Dict) -> None:
@@ -69,10 +81,11 @@ class DistributedOptimizer(Optimizer):
                 if group is None:
                     continue  # trains nowhere: its master copy just stays as it is
                 lo = piece.bucket_offset - begin
-                master_piece = master[lo:lo + piece.numel]
-                groups[group].append(master_piece)
-                self._shard_grads.append((master_piece, grad[lo:lo + piece.numel]))
-        if not self._shard_grads:
+                entry = Piece(b, piece.param, piece.param_offset, piece.bucket_offset,
+                              master[lo:lo + piece.numel], grad[lo:lo + piece.numel])
+                groups[group].append(entry.master)
+                self._pieces.append(entry)
+        if not self._pieces:
             return  # this rank's shards hold only padding (tiny model, many ranks)
         # Each group carries every hyper-parameter; the constructor's keyword
         # arguments only satisfy required ones (defaults may hold derived keys).
@@ -87,9 +100,9 @@ class DistributedOptimizer(Optimizer):
                 f"as {type(self.optimizer).__name__}(param_groups, **hyperparameters), which failed: {e}. "
                 "Use update='replicated' for this optimizer."
             ) from e
-        if self._pending_shard_state is not None:
-            self._shard_optimizer.load_state_dict(self._pending_shard_state)
-            self._pending_shard_state = None
+        if self._pending_state is not None:
+            self.load_state_dict(self._pending_state)
+            self._pending_state = None
 
     @staticmethod
     def _hyperparameters(group: Dict[str, Any]) -> Dict[str, Any]:
@@ -105,11 +118,13 @@ class DistributedOptimizer(Optimizer):
         if engine is None:
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         engine.finish_reductions()
+        if self._runtime.options.max_grad_norm is not None:
+            self.clip_grad_norm_(self._runtime.options.max_grad_norm)
         if self._shard_optimizer is not None:
             for shard_group, group in zip(self._shard_optimizer.param_groups, self.param_groups):
                 shard_group.update(self._hyperparameters(group))  # LR schedulers edit the user's groups
-            for master_piece, grad_piece in self._shard_grads:
-                master_piece.grad = grad_piece
+            for piece in self._pieces:
+                piece.master.grad = piece.grad
             self._shard_optimizer.step()
         elif self._schedule == "wfbp":
             self.optimizer.step()
@@ -123,53 +138,107 @@ class DistributedOptimizer(Optimizer):
         its parameters, with the hyper-parameters of the step() it belongs to
         (an LR scheduler may have stepped since)."""
         saved = [dict(group) for group in self.param_groups]
+        # The optimizer reads the averaged gradients in place (views of the
+        # gathered bucket); the user's .grad, which the next backward
+        # accumulates into, is put back untouched.
+        user_grads = [param.grad for param, _ in self._bucket_grads[bucket]]
         try:
             for group, hyper, params in zip(self.param_groups, self._step_hyperparameters, self._bucket_params[bucket]):
                 group.update(hyper, params=params)
+            for param, averaged in self._bucket_grads[bucket]:
+                param.grad = averaged
             with torch.no_grad():
                 self.optimizer.step()
         finally:
+            for (param, _), grad in zip(self._bucket_grads[bucket], user_grads):
+                param.grad = grad
             for group, original in zip(self.param_groups, saved):
                 group.clear()
                 group.update(original)
 
+    # ---- gradient clipping ------------------------------------------------------
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the averaged gradients of this step to a global norm, as
+        torch.nn.utils.clip_grad_norm_ does on one process, and returns that
+        norm. Call it between backward and step(); it finishes the reductions.
+        dear: the norm comes from the reduce-scattered shards (padding is zero)
+        with one scalar all-reduce, and the shards are scaled before any update
+        or all-gather. wfbp: every rank holds full averaged gradients already."""
+        engine = self._runtime.engine
+        if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
+            raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")
+        engine.finish_reductions()
+        if self._schedule == "wfbp":
+            return torch.nn.utils.clip_grad_norm_(self._runtime.params, max_norm, norm_type)
+        norm_type = float(norm_type)
+        shards = [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
+        local = torch.stack([torch.linalg.vector_norm(s.float(), norm_type) for s in shards])
+        if norm_type == float("inf"):
+            total = local.max()
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self._runtime.group)
+        else:
+            total = local.pow(norm_type).sum()
+            dist.all_reduce(total, group=self._runtime.group)
+            total = total.pow(1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for shard in shards:
+            shard.mul_(coefficient.to(shard.dtype))
+        return total
+
     # ---- checkpoints ------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """Replicated update: the user's optimizer state (full, torch format).
-        Sharded update: this rank's shard of the state; load it on the same rank
-        with the same world size and model."""
+        """torch's format, full and the same on every rank: loadable here at any
+        world size, or into a plain torch optimizer of the same class. With
+        update="sharded" this gathers the state (a collective: call it on every
+        rank); sharded_state_dict() is the cheap per-rank form."""
         self._runtime.sync()
         if self._update != "sharded":
             return self.optimizer.state_dict()
-        shard = self._shard_optimizer.state_dict() if self._shard_optimizer is not None else None
+        if self._runtime.engine is None:
+            return self._pending_state or {"state": {}, "param_groups": [
+                {**self._hyperparameters(g), "params": []} for g in self.param_groups]}
+        return consolidate(self)
+
+    def sharded_state_dict(self) -> Dict[str, Any]:
+        """This rank's part of the optimizer state, without communication; load
+        it on the same rank at the same world size."""
+        self._runtime.sync()
+        if self._update != "sharded":
+            return self.optimizer.state_dict()
         return {
             "dearcomm_sharded": True,
             "rank": self._runtime.rank,
             "world_size": self._runtime.world_size,
-            "shard": shard if shard is not None else self._pending_shard_state,
+            "shard": self._shard_optimizer.state_dict() if self._shard_optimizer is not None else None,
             "param_groups": [self._hyperparameters(g) for g in self.param_groups],
         }
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Accepts state_dict() (any world size), a plain torch optimizer's
+        state_dict(), or this rank's sharded_state_dict()."""
         self._runtime.sync()
+        sharded = bool(state_dict.get("dearcomm_sharded"))
         if self._update != "sharded":
-            if state_dict.get("dearcomm_sharded"):
+            if sharded:
                 raise ValueError("dearcomm: this is a sharded optimizer state; the optimizer uses update='replicated'")
             self.optimizer.load_state_dict(state_dict)
             return
-        if not state_dict.get("dearcomm_sharded"):
-            raise NotImplementedError(
-                "dearcomm: update='sharded' loads only its own sharded state_dict() so far; "
-                "loading a plain torch optimizer state is not supported yet")
+        if self._runtime.engine is None:
+            self._pending_state = state_dict  # pieces exist once the first backward planned the buckets
+            return
+        if not sharded:
+            load_consolidated(self, state_dict)
+            return
         rank, world = self._runtime.rank, self._runtime.world_size
         if (state_dict["rank"], state_dict["world_size"]) != (rank, world):
             raise ValueError(
                 f"dearcomm: [rank {rank}] this optimizer state is the shard of rank {state_dict['rank']} of "
-                f"{state_dict['world_size']}; each rank must load its own shard at the same world size ({world})")
+                f"{state_dict['world_size']}; each rank must load its own shard at the same world size ({world}), "
+                "or use state_dict() (consolidated) instead")
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update(saved)
-        if self._shard_optimizer is not None:
+        if self._shard_optimizer is not None and state_dict["shard"] is not None:
             self._shard_optimizer.load_state_dict(state_dict["shard"])
-        else:
-            self._pending_shard_state = state_dict["shard"]  # applied once the engine exists

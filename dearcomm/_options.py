@@ -36,6 +36,16 @@ class WrapOptions:
     """How long to wait for one collective before raising; None takes the
     process group's timeout."""
 
+    find_unused_parameters: bool = False
+    """False: a parameter that gets no gradient in a backward is an error that
+    names it (it would otherwise leave its bucket incomplete on this rank and
+    hang its peers). True: at the end of backward such gradients count as zero,
+    as in DDP; this costs nothing when every parameter is used."""
+
+    max_grad_norm: Optional[float] = None
+    """If set, every step() first clips gradients to this global L2 norm,
+    computed from the reduce-scattered shards with one scalar all-reduce."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.bucket_mb, (int, float)) or isinstance(self.bucket_mb, bool):
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
@@ -53,6 +63,8 @@ class WrapOptions:
                 "gradients, so every rank updates full parameters. Use update='replicated' (or leave it "
                 "unset) with wfbp, or schedule='dear' for the sharded update."
             )
+        if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float)) and self.max_grad_norm > 0):
+            raise ValueError(f"dearcomm: max_grad_norm must be a positive number, got {self.max_grad_norm!r}")
         if self.timeout is not None and (
             not isinstance(self.timeout, datetime.timedelta) or self.timeout.total_seconds() <= 0
         ):

@@ -44,6 +44,7 @@ class DearRuntime:
         self.timeout = options.timeout or _process_group_timeout(self.group)
 
         # Parameters that train, under their first name (tied weights appear once).
+        self._module = module
         self.names: Dict[nn.Parameter, str] = {}
         for name, param in module.named_parameters():
             if param.requires_grad:
@@ -60,6 +61,8 @@ class DearRuntime:
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False
+        self.sync_gradients = True  # False inside DearModule.no_sync()
+        self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self._handles = []
 
         for sub in module.modules():
@@ -89,6 +92,8 @@ class DearRuntime:
             engine.flush()  # eval / no_grad: see every update, prefetch nothing
 
     def _on_grad(self, param: nn.Parameter) -> None:
+        if not self.sync_gradients:
+            return  # accumulating: .grad sums micro-batches, the last backward communicates
         if self.engine is None:
             self._build_engine()
         if not self._end_of_backward_queued:
@@ -98,16 +103,25 @@ class DearRuntime:
 
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
+        if self.options.find_unused_parameters:
+            for i in self.engine.missing_grads():
+                if i not in self._zeros:
+                    self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
+                self.engine.mark_grad_ready(i, self._zeros[i])
         self.engine.check_backward_complete()
 
     # ---- engine ------------------------------------------------------------
 
     def _build_engine(self) -> None:
-        unseen = [p for p in self.names if p not in self._recorded]
-        self.params = self._forward_order + unseen
+        now = {p for p in self._module.parameters() if p.requires_grad}
+        if now != set(self.names):
+            added = [n for n, p in self._module.named_parameters() if p.requires_grad and p not in self.names]
+            removed = [n for p, n in self.names.items() if p not in now]
+            raise ValueError(f"dearcomm: the module's trainable parameters changed after wrap() (added {added}, "
+                             f"removed or frozen {removed}); change the model before wrapping it")
+        self.params = self._agree_on_forward_order()
         self.index = {p: i for i, p in enumerate(self.params)}
         names = [self.names[p] for p in self.params]
-        self._check_same_parameters_on_every_rank(names)
 
         layout = _C.plan_buckets(
             [p.numel() for p in self.params],
@@ -132,21 +146,26 @@ class DearRuntime:
         for callback in self.on_engine_built:
             callback(self.engine)
 
-    def _check_same_parameters_on_every_rank(self, names: List[str]) -> None:
-        # Buckets are planned from the first forward's order on each rank; a rank
-        # that planned differently would pair wrong chunks or hang, so compare once.
-        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, self.params)]
+    def _agree_on_forward_order(self) -> List[nn.Parameter]:
+        """Every rank lays out buckets in rank 0's first-forward order (a
+        data-dependent first forward may differ between ranks), after checking
+        that every rank trains the same parameters; parameters rank 0's forward
+        did not use go last, in registration order."""
+        mine = [(name, tuple(p.shape), str(p.dtype)) for p, name in self.names.items()]
         everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.group)
-        for rank, theirs in enumerate(everyone):
+        dist.all_gather_object(everyone, (mine, [self.names[p] for p in self._forward_order]), group=self.group)
+        for rank, (theirs, _) in enumerate(everyone):
             if theirs != mine:
                 diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
                 raise ValueError(
-                    f"dearcomm: [rank {self.rank}] rank {rank} has different parameters or forward order: "
-                    f"{len(theirs)} vs {len(mine)} parameters; first difference at position {diff}: "
+                    f"dearcomm: [rank {self.rank}] rank {rank} trains different parameters: {len(theirs)} vs "
+                    f"{len(mine)}; first difference at position {diff}: "
                     f"{theirs[diff] if diff < len(theirs) else None} vs {mine[diff] if diff < len(mine) else None}. "
-                    "Every rank must wrap the same model and run the same first forward."
-                )
+                    "Every rank must wrap the same model.")
+        by_name = {name: p for p, name in self.names.items()}
+        order = [by_name[name] for name in everyone[0][1]]
+        used = set(order)
+        return order + [p for p in self.names if p not in used]
 
     def sync(self) -> None:
         if self.engine is not None:

@@ -24,6 +24,8 @@ def wrap(
     update: Optional[str] = None,
     process_group: Optional[dist.ProcessGroup] = None,
     timeout: Optional[datetime.timedelta] = None,
+    find_unused_parameters: bool = False,
+    max_grad_norm: Optional[float] = None,
 ) -> Tuple[nn.Module, DistributedOptimizer]:
     """Makes ``module`` and ``optimizer`` train data-parallel with the DeAR schedule.
 
@@ -58,14 +60,19 @@ def wrap(
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
         timeout: limit for one collective; default: the process group's timeout.
+        find_unused_parameters: False (default): a parameter without a gradient in
+            a backward raises an error naming it. True: its gradient counts as zero.
+        max_grad_norm: if set, step() clips to this global L2 norm first (see
+            DistributedOptimizer.clip_grad_norm_).
 
     Returns:
         ``(module, optimizer)``: the same module object, now also a
         :class:`DearModule`, and a :class:`DistributedOptimizer` to use in place
         of ``optimizer``.
     """
-    options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update,
-                          process_group=process_group, timeout=timeout)
+    options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update, process_group=process_group,
+                          timeout=timeout, find_unused_parameters=find_unused_parameters,
+                          max_grad_norm=max_grad_norm)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "dearcomm: torch.distributed is not initialized; call "

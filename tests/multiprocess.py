@@ -6,11 +6,14 @@ instead of stalling CI. Exceptions in a rank come back with their traceback.
 from __future__ import annotations
 
 import datetime
+import io
 import os
+import queue
 import socket
 import traceback
 from typing import Any, Callable, List
 
+import torch
 import torch.multiprocessing as mp
 
 # Collective timeout inside the workers: well under the test's deadline, so a
@@ -38,7 +41,11 @@ def _entry(fn, rank, world_size, port, backend, args, results):
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
                                 device_id=device)
         try:
-            results.put((rank, True, fn(rank, world_size, *args)))
+            # Serialised to bytes: tensors sent through a Queue live in shared
+            # memory that vanishes when this process exits before the parent reads.
+            buffer = io.BytesIO()
+            torch.save(fn(rank, world_size, *args), buffer)
+            results.put((rank, True, buffer.getvalue()))
         finally:
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -67,10 +74,13 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: f
         for _ in range(world_size):
             try:
                 rank, ok, value = results.get(timeout=deadline)
-            except Exception as e:  # queue.Empty
+            except queue.Empty as e:
                 raise WorkerError(f"ranks {sorted(set(range(world_size)) - set(out) - set(errors))} did not "
                                   f"finish within {deadline:.0f} s (hang?)") from e
-            (out if ok else errors)[rank] = value
+            if ok:
+                out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+            else:
+                errors[rank] = value
     finally:
         for p in procs:
             p.join(timeout=10)

@@ -160,6 +160,9 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   TORCH_CHECK_VALUE(grad.scalar_type() == params_[param].scalar_type() && grad.device() == params_[param].device(),
       "dearcomm: the gradient of '", names_[param], "' is ", grad.scalar_type(), " on ", grad.device(),
       " but the parameter is ", params_[param].scalar_type(), " on ", params_[param].device());
+  TORCH_CHECK_VALUE(params_[param].numel() == layout_.params[param].numel,
+      "dearcomm: parameter '", names_[param], "' has ", params_[param].numel(), " elements but had ",
+      layout_.params[param].numel, " when the buckets were planned; parameters must not change shape after wrap()");
   TORCH_CHECK_VALUE(grad.sizes() == params_[param].sizes(),
       "dearcomm: the gradient of '", names_[param], "' has shape ", grad.sizes(),
       " but the parameter has shape ", params_[param].sizes());
@@ -181,6 +184,18 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
     start_reduction(b);
     next_reduction_ += 1;
   }
+}
+
+std::vector<int64_t> Engine::missing_grads() const {
+  std::vector<int64_t> missing;
+  if (state_ == IterationState::kBackward) {
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (!grad_ready_[p]) {
+        missing.push_back(static_cast<int64_t>(p));
+      }
+    }
+  }
+  return missing;
 }
 
 void Engine::check_backward_complete() const {
@@ -224,6 +239,9 @@ void Engine::start_reduction(int64_t b) {
 // ---- step ----------------------------------------------------------------
 
 void Engine::finish_reductions() {
+  if (state_ == IterationState::kReduced) {
+    return;  // already finished, e.g. by gradient clipping before step()
+  }
   TORCH_CHECK(state_ != IterationState::kIdle && state_ != IterationState::kGathering,
       "dearcomm: optimizer.step() called without a backward since the last step");
   TORCH_CHECK(state_ == IterationState::kBackward,
@@ -329,12 +347,9 @@ void Engine::finish_gather(int64_t b) {
     }
   }
   bucket.pending.reset();
-  if (options_.update == Update::kReplicated) {
+  if (options_.update == Update::kReplicated && update_fn_) {
     DEARCOMM_RANGE("update", b);
-    copy_grads_to_params(b, bucket.grads);
-    if (update_fn_) {
-      update_fn_(b);
-    }
+    update_fn_(b);  // reads the averaged gradients from gathered_grads(b)
   }
   bucket.state = BucketState::kCurrent;
 }
@@ -384,6 +399,13 @@ at::Tensor Engine::grad_shard(int64_t b) const {
   check_bucket_index(b);
   TORCH_CHECK(options_.schedule == Schedule::kDear, "dearcomm: gradient shards exist only with schedule='dear'");
   return buckets_[b].grad_shard;
+}
+
+at::Tensor Engine::gathered_grads(int64_t b) const {
+  check_bucket_index(b);
+  TORCH_CHECK(options_.schedule == Schedule::kDear && options_.update == Update::kReplicated,
+      "dearcomm: gathered gradients exist only with schedule='dear', update='replicated'");
+  return buckets_[b].grads;
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {

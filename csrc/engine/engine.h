@@ -76,12 +76,15 @@ class Engine {
   // Packs `grad` of parameter `param` into its bucket; launches the reduction
   // of every complete bucket that is next in launch order.
   void mark_grad_ready(int64_t param, const at::Tensor& grad);
+  // Parameters without a gradient so far in this backward.
+  std::vector<int64_t> missing_grads() const;
   // Raises, naming them, if some parameters got no gradient in this backward.
   void check_backward_complete() const;
 
   // ---- step ------------------------------------------------------------
   // Waits for every reduction and averages. wfbp: the averaged gradients are
-  // copied into each parameter's .grad for the user's optimizer.
+  // copied into each parameter's .grad for the user's optimizer. Idempotent
+  // within a step (gradient clipping finishes the reductions early).
   void finish_reductions();
   // dear: launches the first all-gather (the forward pre-hooks chain the rest).
   // The first call in sharded mode makes parameters views into the gathered
@@ -101,8 +104,11 @@ class Engine {
   // Re-reads master shards from the parameters (after a load_state_dict).
   void reload_master_shards();
 
-  // Replicated update: called with the bucket index once its averaged
-  // gradient is in the parameters' .grad; runs the optimizer on that bucket.
+  // Replicated update: the bucket's averaged gradients, valid from its
+  // all-gather until the next backward (laid out as the layout says).
+  at::Tensor gathered_grads(int64_t bucket) const;
+  // Replicated update: called with the bucket index once its all-gather is
+  // done; runs the optimizer on that bucket (reading gathered_grads).
   void set_update_fn(std::function<void(int64_t)> fn) { update_fn_ = std::move(fn); }
 
   const BucketLayout& layout() const { return layout_; }

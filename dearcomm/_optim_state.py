@@ -1,0 +1,127 @@
+"""Optimizer checkpoints of the sharded update.
+
+Each rank's optimizer state lives on *pieces*: the parts of parameters that
+fall into this rank's shard of each bucket. Two forms:
+
+- consolidated (``state_dict()``): torch's own format, full-size state per
+  parameter, indexed as the user's optimizer indexes its parameters; loadable
+  into a plain torch optimizer, and back at any world size. Per-element state
+  (exp_avg, momentum_buffer, ...) is all-gathered bucket by bucket; scalar
+  state (Adam's step) is the same for every parameter, as every piece steps
+  together, and is taken from whichever rank holds some.
+- sharded (``sharded_state_dict()``): this rank's pieces only, no communication;
+  loaded by the same rank at the same world size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Piece:
+    bucket: int
+    param: int          # index in the engine's (forward) order
+    param_offset: int   # first element of the parameter that this piece holds
+    bucket_offset: int  # where that element sits in the bucket
+    master: torch.Tensor
+    grad: torch.Tensor
+
+
+def _is_per_element(value: Any, numel: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == numel
+
+
+def consolidate(optimizer) -> Dict[str, Any]:
+    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+    group = runtime.group
+    layout = runtime.engine.layout
+    pieces: List[Piece] = optimizer._pieces
+    local = {piece.master: (inner.state.get(piece.master, {}) if inner is not None else {}) for piece in pieces}
+
+    # Which keys exist is decided together: a rank may hold no piece at all.
+    elem_keys, scalars = set(), {}
+    for piece in pieces:
+        for key, value in local[piece.master].items():
+            if _is_per_element(value, piece.master.numel()):
+                elem_keys.add((key, value.dtype))
+            else:
+                scalars.setdefault(key, value)
+    everyone = [None] * runtime.world_size
+    dist.all_gather_object(everyone, (sorted(elem_keys, key=str), {k: _to_cpu(v) for k, v in scalars.items()}),
+                           group=group)
+    elem_keys = sorted({k for keys, _ in everyone for k in keys}, key=str)
+    scalars = {}
+    for _, theirs in everyone:
+        for key, value in theirs.items():
+            scalars.setdefault(key, value)
+
+    device = runtime.params[0].device
+    full_state: Dict[int, Dict[str, Any]] = {}
+    for key, dtype in elem_keys:
+        for b, spec in enumerate(layout.buckets):
+            shard = torch.zeros(spec.shard_numel, dtype=dtype, device=device)
+            base = runtime.rank * spec.shard_numel
+            for piece in pieces:
+                value = local[piece.master].get(key)
+                if piece.bucket == b and value is not None:
+                    start = piece.bucket_offset - base
+                    shard[start:start + piece.master.numel()] = value.reshape(-1)
+            full = torch.empty(spec.padded_numel, dtype=dtype, device=device)
+            dist.all_gather_into_tensor(full, shard, group=group)
+            for i in range(spec.first_param, spec.first_param + spec.num_params):
+                slot, param = layout.params[i], runtime.params[i]
+                full_state.setdefault(i, {})[key] = full[slot.offset:slot.offset + slot.numel].view(param.shape).clone()
+
+    index = {param: i for i, param in enumerate(runtime.params)}
+    state, groups, next_index = {}, [], 0
+    for g in optimizer.param_groups:
+        ids = []
+        for param in g["params"]:
+            i = index.get(param)
+            if i is not None and i in full_state:
+                state[next_index] = {**{k: v.clone() if isinstance(v, torch.Tensor) else v
+                                        for k, v in scalars.items()}, **full_state[i]}
+            ids.append(next_index)
+            next_index += 1
+        groups.append({**optimizer._hyperparameters(g), "params": ids})
+    return {"state": state, "param_groups": groups}
+
+
+def _to_cpu(value):
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def load_consolidated(optimizer, state_dict: Dict[str, Any]) -> None:
+    """Scatters a torch-format state (from state_dict() at any world size, or a
+    plain torch optimizer of the same class) onto this rank's pieces."""
+    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+    saved_groups = state_dict["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups) or any(
+            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)):
+        raise ValueError("dearcomm: the optimizer state has groups of sizes "
+                         f"{[len(s['params']) for s in saved_groups]}, this optimizer "
+                         f"{[len(g['params']) for g in optimizer.param_groups]}")
+    saved_index = {}
+    for saved, group in zip(saved_groups, optimizer.param_groups):
+        for saved_id, param in zip(saved["params"], group["params"]):
+            saved_index[param] = saved_id
+        group.update({k: v for k, v in saved.items() if k != "params"})
+    if inner is None:
+        return
+    for piece in optimizer._pieces:
+        param = runtime.params[piece.param]
+        saved = state_dict["state"].get(saved_index.get(param))
+        if not saved:
+            continue
+        new = {}
+        for key, value in saved.items():
+            if _is_per_element(value, param.numel()):
+                flat = value.reshape(-1)[piece.param_offset:piece.param_offset + piece.master.numel()]
+                new[key] = flat.to(device=piece.master.device, copy=True)
+            else:
+                new[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        inner.state[piece.master] = new

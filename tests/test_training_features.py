@@ -1,0 +1,271 @@
+"""What a real training loop needs, each against a single-process reference
+trained on the global batch: gradient clipping, accumulation with no_sync(),
+activation checkpointing, unused parameters, and checkpoints that survive a
+restart (also at another world size, and into a plain torch optimizer)."""
+import copy
+import os
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import dearcomm
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+from tests.test_parity import SCHEDULES, make_optimizer
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+GLOBAL_BATCH = 12
+
+
+def assert_same_parameters(model, reference, what):
+    torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()), **TOL,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def each_schedule(rank, world_size, fn):
+    """Runs fn(schedule, update) for every schedule; collects failures by name."""
+    failures = {}
+    for schedule, update in SCHEDULES:
+        try:
+            fn(schedule, update)
+        except Exception:
+            failures[f"{schedule}-{update}"] = traceback.format_exc()
+    return failures
+
+
+# ---- clipping ---------------------------------------------------------------------
+
+def clipping_worker(rank, world_size):
+    def run(schedule, update):
+        for via_option in (False, True):
+            torch.manual_seed(0)
+            model = MixedNet()
+            reference = copy.deepcopy(model)
+            optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+            model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
+                                             max_grad_norm=0.3 if via_option else None)
+            for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+                F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+                norm = None if via_option else optimizer.clip_grad_norm_(0.3)
+                optimizer.step()
+                optimizer.zero_grad()
+                F.cross_entropy(reference(x), y).backward()
+                ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+                assert ref_norm > 0.3, "the test must actually clip"
+                ref_opt.step()
+                ref_opt.zero_grad()
+                if norm is not None:
+                    torch.testing.assert_close(norm, ref_norm, **TOL)
+                model.sync()
+                assert_same_parameters(model, reference, f"step {step}, option={via_option}")
+    return each_schedule(rank, world_size, run)
+
+
+# ---- accumulation ------------------------------------------------------------------
+
+def accumulation_worker(rank, world_size):
+    micro = 4
+
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = MixedNet()
+        reference = copy.deepcopy(model)
+        optimizer, ref_opt = make_optimizer("sgd", model), make_optimizer("sgd", reference)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+        for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH * micro)):
+            xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
+            for i in range(micro):
+                if i < micro - 1:
+                    with model.no_sync():
+                        (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
+                else:
+                    (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            model.sync()
+            assert_same_parameters(model, reference, f"step {step}")
+    return each_schedule(rank, world_size, run)
+
+
+# ---- activation checkpointing -------------------------------------------------------
+
+class Checkpointed(MixedNet):
+    def __init__(self, use_reentrant):
+        super().__init__()
+        self.use_reentrant = use_reentrant
+
+    def forward(self, tokens):
+        x = self.embed(tokens).transpose(1, 2)
+        x = checkpoint(lambda t: self.norm(self.conv(t).transpose(1, 2)), x, use_reentrant=self.use_reentrant)
+        x = checkpoint(lambda t: torch.relu(self.fc(t.flatten(1))) * self.scale, x, use_reentrant=self.use_reentrant)
+        return self.head(x)
+
+
+def checkpointing_worker(rank, world_size):
+    def run(schedule, update):
+        for reentrant in (True, False):
+            torch.manual_seed(0)
+            model = Checkpointed(reentrant)
+            reference = copy.deepcopy(model)
+            optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+            model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+            for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+                F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                F.cross_entropy(reference(x), y).backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+            model.sync()
+            assert_same_parameters(model, reference, f"use_reentrant={reentrant}")
+    return each_schedule(rank, world_size, run)
+
+
+# ---- unused parameters ---------------------------------------------------------------
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(6, 6)
+        self.branch = nn.Linear(6, 6)
+        self.never = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x, use_branch):
+        h = torch.tanh(self.trunk(x))
+        if use_branch:
+            h = h + torch.tanh(self.branch(h))
+        return self.head(h)
+
+
+def unused_worker(rank, world_size):
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = Branchy()
+        reference = copy.deepcopy(model)
+        # plain SGD: a zero gradient changes nothing, as a missing one would
+        optimizer, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update,
+                                         find_unused_parameters=True)
+        g = torch.Generator().manual_seed(3)
+        for step in range(3):
+            x, y = torch.randn(world_size * 4, 6, generator=g), torch.randint(0, 2, (world_size * 4,), generator=g)
+            branch_on = lambda r: (r + step) % 2 == 0  # noqa: E731  - used on some ranks only
+            F.cross_entropy(model(local_slice(x, rank, world_size), branch_on(rank)),
+                            local_slice(y, rank, world_size)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            loss = sum(F.cross_entropy(reference(local_slice(x, r, world_size), branch_on(r)),
+                                       local_slice(y, r, world_size)) for r in range(world_size)) / world_size
+            loss.backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            model.sync()
+            assert_same_parameters(model, reference, f"step {step}")
+    return each_schedule(rank, world_size, run)
+
+
+@pytest.mark.parametrize("worker", [clipping_worker, accumulation_worker, checkpointing_worker, unused_worker],
+                         ids=["clipping", "no_sync-accumulation", "activation-checkpointing", "unused-parameters"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_feature_parity(worker, world_size):
+    for rank, failures in enumerate(run_workers(worker, world_size, deadline=240)):
+        assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())
+
+
+# ---- checkpoints -----------------------------------------------------------------------
+
+def checkpoint_worker(rank, world_size, schedule, update, path, phase, steps):
+    """phase "first": train `steps` steps and save; "second": a fresh process
+    loads and trains `steps` more; "straight": 2*steps without a break."""
+    torch.manual_seed(0)
+    model = MixedNet()
+    optimizer = make_optimizer("adamw", model)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+    data = list(batches(2 * steps, GLOBAL_BATCH))
+    todo = data[:steps] if phase == "first" else data[steps:] if phase == "second" else data
+    if phase == "second":
+        saved = torch.load(path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+    for x, y in todo:
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    if phase == "first" and rank == 0:
+        torch.save(state, path)
+    return {k: v.clone() for k, v in state["model"].items()}, state["optimizer"]
+
+
+def reference_optimizer_state(steps):
+    torch.manual_seed(0)
+    reference = MixedNet()
+    optimizer = make_optimizer("adamw", reference)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    for x, y in list(batches(steps, GLOBAL_BATCH)):
+        F.cross_entropy(reference(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return reference, optimizer
+
+
+@pytest.mark.parametrize("schedule, update", SCHEDULES, ids=[f"{s}-{u}" for s, u in SCHEDULES])
+def test_checkpoint_restart_equals_uninterrupted_training(tmp_path, schedule, update):
+    path = str(tmp_path / "checkpoint.pt")
+    steps = 3
+    first = run_workers(checkpoint_worker, 2, schedule, update, path, "first", steps)
+    # The consolidated optimizer state is torch's own: equal to a plain torch
+    # optimizer trained on the global batch, and the same on every rank.
+    reference, ref_opt = reference_optimizer_state(steps)
+    expected = ref_opt.state_dict()
+    for rank, (_, opt_state) in enumerate(first):
+        torch.testing.assert_close(opt_state["state"], expected["state"], **TOL)
+        assert [g["params"] for g in opt_state["param_groups"]] == [g["params"] for g in expected["param_groups"]]
+    plain = make_optimizer("adamw", copy.deepcopy(reference))
+    plain.load_state_dict(first[0][1])  # loads into a plain torch optimizer
+
+    # Restart at another world size (3), then at the same (2): both equal 2k straight steps.
+    for world_size in (3, 2):
+        resumed = run_workers(checkpoint_worker, world_size, schedule, update, path, "second", steps)
+        straight = run_workers(checkpoint_worker, world_size, schedule, update, path, "straight", steps)
+        for rank in range(world_size):
+            torch.testing.assert_close(resumed[rank][0], straight[rank][0], **TOL)
+
+
+def test_sharded_state_dict_round_trip_on_the_same_ranks(tmp_path):
+    results = run_workers(sharded_round_trip_worker, 2, str(tmp_path))
+    assert all(r == "ok" for r in results), results
+
+
+def sharded_round_trip_worker(rank, world_size, directory):
+    path = os.path.join(directory, f"shard{rank}.pt")
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer("adamw", model), bucket_mb=0.001)
+    for x, y in batches(2, GLOBAL_BATCH):
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.save(optimizer.sharded_state_dict(), path)
+    full = optimizer.state_dict()
+    optimizer.load_state_dict(torch.load(path, weights_only=False))
+    torch.testing.assert_close(optimizer.state_dict()["state"], full["state"], rtol=0, atol=0)
+    other = torch.load(path, weights_only=False) | {"rank": 1 - rank}
+    try:
+        optimizer.load_state_dict(other)
+    except ValueError as e:
+        assert "each rank must load its own shard" in str(e)
+        return "ok"
+    return "loading another rank's shard did not raise"
