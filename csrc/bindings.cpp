@@ -51,13 +51,20 @@ std::shared_ptr<Engine> make_engine(
     const std::string& schedule,
     const std::string& update,
     double timeout_seconds,
-    const py::object& backend_capsule) {
+    const py::object& backend_capsule,
+    const py::object& comm_dtype) {
   EngineOptions options;
   TORCH_CHECK_VALUE(schedule == "dear" || schedule == "wfbp", "dearcomm: unknown schedule '", schedule, "'");
   TORCH_CHECK_VALUE(update == "sharded" || update == "replicated", "dearcomm: unknown update '", update, "'");
   options.schedule = schedule == "dear" ? Schedule::kDear : Schedule::kWfbp;
   options.update = update == "sharded" ? Update::kSharded : Update::kReplicated;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
+  if (!comm_dtype.is_none()) {
+    options.comm_dtype = to_scalar_type(comm_dtype);
+    TORCH_CHECK_VALUE(options.comm_dtype == at::kFloat || options.comm_dtype == at::kBFloat16 ||
+                      options.comm_dtype == at::kHalf,
+        "dearcomm: comm_dtype must be torch.float32, torch.bfloat16 or torch.float16, got ", options.comm_dtype);
+  }
   TORCH_CHECK_VALUE(!params.empty(), "dearcomm: no parameters to communicate");
   std::shared_ptr<CommBackend> backend;
   if (backend_capsule.is_none()) {
@@ -149,12 +156,12 @@ PYBIND11_MODULE(_C, m) {
     return PyPending{backend->all_reduce(buffer)};
   }, py::arg("backend"), py::arg("buffer"));
   m.def("pack", [](const py::capsule& b, const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
-                   const at::Tensor& flat) { backend_from_capsule(b)->pack(sources, offsets, flat); },
-        py::arg("backend"), py::arg("sources"), py::arg("offsets"), py::arg("flat"), release());
+                   const at::Tensor& flat, double scale) { backend_from_capsule(b)->pack(sources, offsets, flat, scale); },
+        py::arg("backend"), py::arg("sources"), py::arg("offsets"), py::arg("flat"), py::arg("scale") = 1.0, release());
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
            py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
-           py::arg("backend") = py::none())
+           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none())
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)

@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
 SCHEDULES = ("dear", "wfbp")
@@ -46,6 +47,12 @@ class WrapOptions:
     """If set, every step() first clips gradients to this global L2 norm,
     computed from the reduce-scattered shards with one scalar all-reduce."""
 
+    comm_dtype: Optional[torch.dtype] = None
+    """Communicate gradients in this dtype: torch.bfloat16 or torch.float16 halve
+    the bytes; None (default) uses the parameters' dtype. Master shards and the
+    optimizer stay fp32. fp16 divides by the world size before the sum (its
+    range is small), bf16 and fp32 after."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.bucket_mb, (int, float)) or isinstance(self.bucket_mb, bool):
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
@@ -63,6 +70,9 @@ class WrapOptions:
                 "gradients, so every rank updates full parameters. Use update='replicated' (or leave it "
                 "unset) with wfbp, or schedule='dear' for the sharded update."
             )
+        if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
+                             f"got {self.comm_dtype!r}")
         if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float)) and self.max_grad_norm > 0):
             raise ValueError(f"dearcomm: max_grad_norm must be a positive number, got {self.max_grad_norm!r}")
         if self.timeout is not None and (

@@ -134,6 +134,7 @@ class DearRuntime:
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
+            self.options.comm_dtype,
         )
         for module, owned in self._module_params.items():
             self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in owned})

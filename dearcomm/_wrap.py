@@ -26,6 +26,7 @@ def wrap(
     timeout: Optional[datetime.timedelta] = None,
     find_unused_parameters: bool = False,
     max_grad_norm: Optional[float] = None,
+    comm_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[nn.Module, DistributedOptimizer]:
     """Makes ``module`` and ``optimizer`` train data-parallel with the DeAR schedule.
 
@@ -64,6 +65,8 @@ def wrap(
             a backward raises an error naming it. True: its gradient counts as zero.
         max_grad_norm: if set, step() clips to this global L2 norm first (see
             DistributedOptimizer.clip_grad_norm_).
+        comm_dtype: gradients travel in this dtype (torch.bfloat16 / torch.float16
+            halve the bytes); default: the parameters' dtype. Master shards stay fp32.
 
     Returns:
         ``(module, optimizer)``: the same module object, now also a
@@ -72,7 +75,7 @@ def wrap(
     """
     options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
-                          max_grad_norm=max_grad_norm)
+                          max_grad_norm=max_grad_norm, comm_dtype=comm_dtype)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "dearcomm: torch.distributed is not initialized; call "

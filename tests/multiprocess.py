@@ -10,6 +10,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from typing import Any, Callable, List
 
@@ -56,12 +57,24 @@ class WorkerError(AssertionError):
     pass
 
 
+class Died:
+    """The result of a rank that exited without returning (allow_death=True)."""
+
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+    def __repr__(self):
+        return f"Died(exitcode={self.exitcode})"
+
+
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: float = 180.0,
-                backend: str = "gloo") -> List[Any]:
+                backend: str = "gloo", allow_death: bool = False) -> List[Any]:
     """Calls fn(rank, world_size, *args) on every rank; returns the results by rank.
 
     fn must be importable (a module-level function): ranks are spawned.
-    backend="nccl" gives each rank its own GPU."""
+    backend="nccl" gives each rank its own GPU. allow_death=True: a rank that
+    exits without a result (a test killing it) gets a Died result instead of
+    failing the run."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -70,13 +83,24 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: f
     for p in procs:
         p.start()
     out, errors = {}, {}
+    end = time.monotonic() + deadline
     try:
-        for _ in range(world_size):
+        while len(out) + len(errors) < world_size:
             try:
-                rank, ok, value = results.get(timeout=deadline)
-            except queue.Empty as e:
-                raise WorkerError(f"ranks {sorted(set(range(world_size)) - set(out) - set(errors))} did not "
-                                  f"finish within {deadline:.0f} s (hang?)") from e
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                pending = sorted(set(range(world_size)) - set(out) - set(errors))
+                for r in pending:
+                    if procs[r].exitcode is not None and results.empty():
+                        time.sleep(0.5)  # a result may still be in flight
+                        if results.empty() and r not in out and r not in errors:
+                            if allow_death:
+                                out[r] = Died(procs[r].exitcode)
+                            else:
+                                errors[r] = f"exited with code {procs[r].exitcode} without a result"
+                if time.monotonic() > end:
+                    raise WorkerError(f"ranks {pending} did not finish within {deadline:.0f} s (hang?)")
+                continue
             if ok:
                 out[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:

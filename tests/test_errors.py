@@ -171,3 +171,45 @@ def test_parameter_without_gradient_on_one_rank_errors_instead_of_hanging():
     for rank in (0, 2):
         assert results[rank] is not None, f"rank {rank} finished a step its peer never joined"
         assert f"dearcomm: [rank {rank}] reduce-scatter of bucket" in results[rank][1], results[rank]
+
+
+# ---- a peer dies ---------------------------------------------------------------
+
+PEER_TIMEOUT = datetime.timedelta(seconds=10)
+
+
+def dying_peer_worker(rank, world_size, schedule, update, when):
+    """Rank 1 dies, between two steps or in the middle of a backward; the
+    others must raise an error naming the collective, not hang."""
+    import os
+    import time
+
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, sgd(model), bucket_mb=0, schedule=schedule, update=update,
+                                     timeout=PEER_TIMEOUT)
+    if rank == 1 and when == "in-backward":
+        model.fc.weight.register_post_accumulate_grad_hook(lambda p: os._exit(3))
+    start = time.monotonic()
+    try:
+        for step, (x, y) in enumerate(batches(3, 12)):
+            if rank == 1 and when == "between-steps" and step == 1:
+                os._exit(3)
+            optimizer.zero_grad()
+            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+            optimizer.step()
+        model.sync()
+    except Exception as e:
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+@pytest.mark.parametrize("when", ["between-steps", "in-backward"])
+@pytest.mark.parametrize("schedule, update", [("dear", "sharded"), ("wfbp", "replicated")])
+def test_dead_peer_raises_within_timeout(schedule, update, when):
+    results = run_workers(dying_peer_worker, 3, schedule, update, when, deadline=120, allow_death=True)
+    assert type(results[1]).__name__ == "Died", results[1]
+    for rank in (0, 2):
+        message, seconds = results[rank]
+        assert message is not None, f"rank {rank} finished training without its dead peer"
+        assert f"dearcomm: [rank {rank}]" in message and "of bucket" in message, message
+        assert seconds < PEER_TIMEOUT.total_seconds() + 30, f"rank {rank} took {seconds:.0f} s to notice"

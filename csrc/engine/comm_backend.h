@@ -43,11 +43,12 @@ class CommBackend {
   // Sums `buffer` over all ranks, in place.
   virtual std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) = 0;
 
-  // Copies every tensor of `sources` into `flat` at element `offsets[i]` (one
-  // fused launch on GPU). Sources have the flat buffer's dtype.
+  // Copies `scale` times every tensor of `sources` into `flat` at element
+  // `offsets[i]`, casting to the flat buffer's dtype (one fused launch on GPU).
   virtual void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
-                    const at::Tensor& flat) = 0;
-  // The reverse: element `offsets[i]` of `flat` onwards into `destinations[i]`.
+                    const at::Tensor& flat, double scale) = 0;
+  // The reverse: element `offsets[i]` of `flat` onwards into `destinations[i]`,
+  // casting to their dtype.
   virtual void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
                       const std::vector<at::Tensor>& destinations) = 0;
 };

@@ -47,7 +47,10 @@ struct Engine::Bucket {
   // Packed local gradients (padded). Replicated update: also the output of the
   // all-gather of averaged gradient shards (the packed data is consumed by then).
   at::Tensor grads;
-  at::Tensor grad_shard;    // dear: this rank's averaged gradient shard
+  at::Tensor grad_shard;    // dear: this rank's averaged gradient shard (communication dtype)
+  at::Tensor master_grad;   // sharded: grad_shard in fp32 for the optimizer (aliases it if fp32)
+  at::Tensor gathered;      // replicated: all-gathered averaged gradients in the parameters'
+                            // dtype (aliases `grads` when the dtypes agree)
   at::Tensor master;        // sharded: fp32 master parameters, this rank's shard
   at::Tensor gather_input;  // sharded: `master` in the parameters' dtype (aliases it for fp32)
   at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
@@ -82,6 +85,7 @@ Engine::Engine(BucketLayout layout,
     const BucketSpec& spec = layout_.buckets[b];
     Bucket& bucket = buckets_[b];
     const at::TensorOptions opts = params_[spec.first_param].options().dtype(spec.dtype);
+    const at::TensorOptions comm = opts.dtype(comm_dtype(b));
     for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
       TORCH_CHECK_VALUE(params_[p].numel() == layout_.params[p].numel && params_[p].scalar_type() == spec.dtype,
           "dearcomm: parameter '", names_[p], "' (", params_[p].numel(), " elements of ",
@@ -93,9 +97,14 @@ Engine::Engine(BucketLayout layout,
     }
     bucket.arrived.resize(spec.num_params);
     // Zeroed once: the pad is never written, so it stays zero through every collective.
-    bucket.grads = at::zeros({spec.padded_numel}, opts);
+    bucket.grads = at::zeros({spec.padded_numel}, comm);
     if (options_.schedule == Schedule::kDear) {
-      bucket.grad_shard = at::zeros({spec.shard_numel}, opts);
+      bucket.grad_shard = at::zeros({spec.shard_numel}, comm);
+      if (options_.update == Update::kSharded) {
+        bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard : at::zeros({spec.shard_numel}, opts.dtype(at::kFloat));
+      } else {
+        bucket.gathered = comm_dtype(b) == spec.dtype ? bucket.grads : at::zeros({spec.padded_numel}, opts);
+      }
     }
     if (options_.update == Update::kSharded) {
       bucket.params = at::zeros({spec.padded_numel}, opts);
@@ -110,6 +119,16 @@ Engine::Engine(BucketLayout layout,
 }
 
 Engine::~Engine() = default;
+
+c10::ScalarType Engine::comm_dtype(int64_t b) const {
+  return options_.comm_dtype == c10::ScalarType::Undefined ? layout_.buckets[b].dtype : options_.comm_dtype;
+}
+
+double Engine::pre_divide(int64_t b) const {
+  // fp16 overflows at 65504: summing p gradients could pass it, so divide by p
+  // first. bf16 and fp32 have fp32's range: divide once, after the sum.
+  return comm_dtype(b) == at::kHalf ? 1.0 / backend_->world_size() : 1.0;
+}
 
 BucketState Engine::bucket_state(int64_t bucket) const {
   check_bucket_index(bucket);
@@ -223,7 +242,7 @@ void Engine::start_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
   {
     DEARCOMM_RANGE("pack", b);
-    backend_->pack(bucket.arrived, bucket.offsets, bucket.grads);
+    backend_->pack(bucket.arrived, bucket.offsets, bucket.grads, pre_divide(b));
   }
   std::fill(bucket.arrived.begin(), bucket.arrived.end(), at::Tensor());  // the user owns .grad again
   if (options_.schedule == Schedule::kDear) {
@@ -266,11 +285,19 @@ void Engine::finish_reduction(int64_t b) {
     }
   }
   bucket.pending.reset();
-  const int64_t world = backend_->world_size();
+  // Average: what pack did not divide already (fp16 divides before the sum).
+  const double post_divide = backend_->world_size() * pre_divide(b);
   if (dear) {
-    bucket.grad_shard.div_(world);
+    if (post_divide != 1.0) {
+      bucket.grad_shard.div_(post_divide);
+    }
+    if (bucket.master_grad.defined() && !bucket.master_grad.is_same(bucket.grad_shard)) {
+      bucket.master_grad.copy_(bucket.grad_shard);
+    }
   } else {
-    bucket.grads.div_(world);
+    if (post_divide != 1.0) {
+      bucket.grads.div_(post_divide);
+    }
     copy_grads_to_params(b, bucket.grads);
   }
   bucket.state = BucketState::kReduced;
@@ -347,6 +374,9 @@ void Engine::finish_gather(int64_t b) {
     }
   }
   bucket.pending.reset();
+  if (options_.update == Update::kReplicated && !bucket.gathered.is_same(bucket.grads)) {
+    bucket.gathered.copy_(bucket.grads);  // to the parameters' dtype
+  }
   if (options_.update == Update::kReplicated && update_fn_) {
     DEARCOMM_RANGE("update", b);
     update_fn_(b);  // reads the averaged gradients from gathered_grads(b)
@@ -398,14 +428,14 @@ void Engine::flush() {
 at::Tensor Engine::grad_shard(int64_t b) const {
   check_bucket_index(b);
   TORCH_CHECK(options_.schedule == Schedule::kDear, "dearcomm: gradient shards exist only with schedule='dear'");
-  return buckets_[b].grad_shard;
+  return options_.update == Update::kSharded ? buckets_[b].master_grad : buckets_[b].grad_shard;
 }
 
 at::Tensor Engine::gathered_grads(int64_t b) const {
   check_bucket_index(b);
   TORCH_CHECK(options_.schedule == Schedule::kDear && options_.update == Update::kReplicated,
       "dearcomm: gathered gradients exist only with schedule='dear', update='replicated'");
-  return buckets_[b].grads;
+  return buckets_[b].gathered;
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {

@@ -59,6 +59,9 @@ const char* to_string(BucketState state);
 struct EngineOptions {
   Schedule schedule = Schedule::kDear;
   Update update = Update::kSharded;
+  // Gradients travel in this dtype (e.g. bf16); Undefined: the parameters'.
+  // Master shards and the optimizer stay fp32 either way.
+  c10::ScalarType comm_dtype = c10::ScalarType::Undefined;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 
@@ -99,7 +102,7 @@ class Engine {
   void flush();
 
   // ---- sharded update --------------------------------------------------
-  at::Tensor grad_shard(int64_t bucket) const;    // averaged gradient, this rank's shard
+  at::Tensor grad_shard(int64_t bucket) const;    // averaged gradient, this rank's shard (fp32 if sharded)
   at::Tensor master_shard(int64_t bucket) const;  // fp32 master parameters, this rank's shard
   // Re-reads master shards from the parameters (after a load_state_dict).
   void reload_master_shards();
@@ -126,6 +129,8 @@ class Engine {
   void bind_params_to_gather_buffers();
   void copy_grads_to_params(int64_t bucket, const at::Tensor& flat);
   at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
+  c10::ScalarType comm_dtype(int64_t bucket) const;
+  double pre_divide(int64_t bucket) const;  // scale applied while packing
   [[noreturn]] void fail_collective(const char* what, int64_t bucket, const std::exception& e) const;
   void check_bucket_index(int64_t bucket) const;
 

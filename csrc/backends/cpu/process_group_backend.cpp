@@ -75,9 +75,14 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Ten
 }
 
 void ProcessGroupBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
-                               const at::Tensor& flat) {
+                               const at::Tensor& flat, double scale) {
   for (size_t i = 0; i < sources.size(); ++i) {
-    flat.narrow(0, offsets[i], sources[i].numel()).view(sources[i].sizes()).copy_(sources[i]);
+    at::Tensor slot = flat.narrow(0, offsets[i], sources[i].numel()).view(sources[i].sizes());
+    if (scale == 1.0) {
+      slot.copy_(sources[i]);
+    } else {
+      at::mul_out(slot, sources[i], at::scalar_tensor(scale, sources[i].options()));
+    }
   }
 }
 

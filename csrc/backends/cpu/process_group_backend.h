@@ -26,7 +26,7 @@ class ProcessGroupBackend final : public CommBackend {
   std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) override;
   void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
-            const at::Tensor& flat) override;
+            const at::Tensor& flat, double scale) override;
   void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
               const std::vector<at::Tensor>& destinations) override;
 

@@ -150,7 +150,7 @@ std::unique_ptr<PendingCollective> NcclBackend::all_reduce(const at::Tensor& buf
 }
 
 void NcclBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
-                       const at::Tensor& flat) {
+                       const at::Tensor& flat, double scale) {
   std::vector<at::Tensor> slots;
   slots.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -161,7 +161,7 @@ void NcclBackend::pack(const std::vector<at::Tensor>& sources, const std::vector
   for (const at::Tensor& s : sources) {
     flat_sources.push_back(s.is_contiguous() ? s.view(-1) : s.contiguous().view(-1));
   }
-  fused_copy(flat_sources, slots);
+  fused_copy(flat_sources, slots, scale);
 }
 
 void NcclBackend::unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,

@@ -1,0 +1,95 @@
+"""Low precision: bf16/fp16 gradients on the wire, and bf16 parameters with
+fp32 master shards, each within an error bound of fp32 training on one process
+(and measurably not fp32, so the low precision really is used)."""
+import copy
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dearcomm
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+from tests.test_parity import SCHEDULES, make_optimizer
+
+# AdamW moves a parameter by up to lr = 1e-2 a step (5 steps here);
+# low-precision noise can flip small updates. bf16 parameters also compute
+# forward and backward in bf16, so they are further checked against the same
+# training on one process (below).
+BOUNDS = {torch.float32: dict(rtol=2e-2, atol=2e-3), torch.bfloat16: dict(rtol=2e-2, atol=5e-2)}
+
+
+def single_process_bf16_distance():
+    """How far one process training bf16 parameters with an fp32 master copy
+    (what update='sharded' does) ends from fp32 training."""
+    torch.manual_seed(0)
+    reference = MixedNet()
+    master = copy.deepcopy(reference)
+    low = copy.deepcopy(reference).to(torch.bfloat16)
+    ref_opt, master_opt = make_optimizer("adamw", reference), make_optimizer("adamw", master)
+    for x, y in batches(5, 12):
+        F.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        F.cross_entropy(low(x).float(), y).backward()
+        for p, m in zip(low.parameters(), master.parameters()):
+            m.grad, p.grad = p.grad.float(), None
+        master_opt.step()
+        master_opt.zero_grad()
+        with torch.no_grad():
+            for p, m in zip(low.parameters(), master.parameters()):
+                p.copy_(m)
+    return max_difference(low, reference)
+
+
+def max_difference(model, reference):
+    return max((p.float() - q.float()).abs().max().item()
+               for p, q in zip(model.parameters(), reference.parameters()))
+
+
+def precision_worker(rank, world_size, comm_dtype, param_dtype):
+    results = {}
+    for schedule, update in SCHEDULES:
+        name = f"{schedule}-{update}"
+        try:
+            torch.manual_seed(0)
+            reference = MixedNet()
+            model = copy.deepcopy(reference).to(param_dtype)
+            optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+            model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
+                                             comm_dtype=comm_dtype)
+            for x, y in batches(5, 12):
+                F.cross_entropy(model(local_slice(x, rank, world_size)).float(),
+                                local_slice(y, rank, world_size)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                F.cross_entropy(reference(x), y).backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+            model.sync()
+            engine = model._dear.engine
+            masters = [engine.master_shard(b).dtype for b in range(len(engine.layout.buckets))] \
+                if update == "sharded" else []
+            torch.testing.assert_close({k: v.float() for k, v in model.state_dict().items()},
+                                       reference.state_dict(), **BOUNDS[param_dtype])
+            results[name] = (max_difference(model, reference), masters)
+        except Exception:
+            results[name] = traceback.format_exc()
+    return results
+
+
+@pytest.mark.parametrize("comm_dtype, param_dtype", [
+    (torch.bfloat16, torch.float32), (torch.float16, torch.float32), (None, torch.bfloat16)],
+    ids=["bf16-gradients", "fp16-gradients", "bf16-parameters"])
+def test_low_precision_stays_within_bound_of_fp32(comm_dtype, param_dtype):
+    for rank, results in enumerate(run_workers(precision_worker, 3, comm_dtype, param_dtype)):
+        for name, result in results.items():
+            assert not isinstance(result, str), f"rank {rank}, {name}:\n{result}"
+            difference, masters = result
+            assert difference > 1e-6, f"{name}: identical to fp32 training; was low precision used at all?"
+            assert all(d == torch.float32 for d in masters), f"{name}: master shards are {masters}"
+            if param_dtype == torch.bfloat16:
+                baseline = single_process_bf16_distance()
+                assert difference <= 2 * baseline, \
+                    f"{name}: {difference:.3g} from fp32, one process in bf16 is {baseline:.3g} from it"
