@@ -175,6 +175,7 @@ PYBIND11_MODULE(_C, m) {
       .def("reload_master_shards", &Engine::reload_master_shards)
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)
+      .def_property_readonly("prefetch_misses", &Engine::prefetch_misses)
       .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
       .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
       .def("set_update_fn", [](Engine& engine, py::function fn) {

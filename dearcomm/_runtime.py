@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import warnings
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -62,6 +63,7 @@ class DearRuntime:
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False
         self.sync_gradients = True  # False inside DearModule.no_sync()
+        self._warned_order = False
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self._handles = []
 
@@ -88,6 +90,12 @@ class DearRuntime:
         if torch.is_grad_enabled() and module.training:
             for bucket in self._module_buckets[module]:
                 engine.require_bucket(bucket)
+            if engine.prefetch_misses and not self._warned_order:
+                self._warned_order = True
+                warnings.warn(
+                    "dearcomm: this forward runs modules in another order than the first forward did (e.g. a "
+                    "conditional branch); parameters stay correct, but all-gathers it needed early could not be "
+                    "prefetched. Shown once.", stacklevel=2)
         else:
             engine.flush()  # eval / no_grad: see every update, prefetch nothing
 

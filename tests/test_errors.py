@@ -112,6 +112,21 @@ def misuse_worker(rank, world_size):
         one_step(model, optimizer, rank, world_size)
         one_step(model, optimizer, rank, world_size)
 
+    def parameter_changes_shape():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        optimizer.step()
+        model.embed.weight.data = torch.zeros(18, 7)  # a bigger vocabulary still runs
+        optimizer.zero_grad()
+        one_step(model, optimizer, rank, world_size)
+
+    def parameter_added():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        model.extra = nn.Linear(2, 2)
+        one_step(model, optimizer, rank, world_size)
+
     def step_with_closure():
         model = MixedNet()
         model, optimizer = dearcomm.wrap(model, sgd(model))
@@ -133,6 +148,8 @@ MISUSE = {
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
     "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
+    "parameter_changes_shape": ("ValueError", "parameter 'embed.weight' has 126 elements but had 119"),
+    "parameter_added": ("ValueError", r"trainable parameters changed after wrap\(\) \(added \['extra.weight', 'extra.bias'\]"),
 }
 
 _misuse_results = []

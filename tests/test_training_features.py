@@ -269,3 +269,55 @@ def sharded_round_trip_worker(rank, world_size, directory):
         assert "each rank must load its own shard" in str(e)
         return "ok"
     return "loading another rank's shard did not raise"
+
+
+# ---- forward order changes --------------------------------------------------------
+
+class Reordering(nn.Module):
+    """Runs its two blocks in the recorded order on even steps and swapped on
+    odd ones; both orders are valid computations."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 5)
+        self.b = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 2)
+        self.swap = False
+
+    def forward(self, x):
+        first, second = (self.b, self.a) if self.swap else (self.a, self.b)
+        return self.head(torch.tanh(second(torch.tanh(first(x)))))
+
+
+def reorder_worker(rank, world_size):
+    import warnings
+
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = Reordering()
+        reference = copy.deepcopy(model)
+        optimizer, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference))
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
+        g = torch.Generator().manual_seed(5)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(4):
+                model.swap = reference.swap = step % 2 == 1
+                x, y = torch.randn(world_size * 3, 5, generator=g), torch.randint(0, 2, (world_size * 3,), generator=g)
+                optimizer.zero_grad()
+                F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+                optimizer.step()
+                ref_opt.zero_grad()
+                F.cross_entropy(reference(x), y).backward()
+                ref_opt.step()
+            model.sync()
+        assert_same_parameters(model, reference, "after swapped forwards")
+        order_warnings = [w for w in caught if "another order" in str(w.message)]
+        if schedule == "dear":
+            assert len(order_warnings) == 1, [str(w.message) for w in caught]
+    return each_schedule(rank, world_size, run)
+
+
+def test_forward_order_change_reads_no_stale_parameters_and_warns_once():
+    for rank, failures in enumerate(run_workers(reorder_worker, 2)):
+        assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())

@@ -389,6 +389,9 @@ void Engine::require_bucket(int64_t b) {
     return;
   }
   check_bucket_index(b);
+  if (next_gather_ <= b) {
+    prefetch_misses_ += 1;  // this forward runs modules out of the recorded order
+  }
   while (next_gather_ <= b) {
     start_gather(next_gather_);
   }

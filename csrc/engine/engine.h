@@ -114,6 +114,10 @@ class Engine {
   // done; runs the optimizer on that bucket (reading gathered_grads).
   void set_update_fn(std::function<void(int64_t)> fn) { update_fn_ = std::move(fn); }
 
+  // Buckets a forward needed before the prefetch chain had started their
+  // all-gather: the forward order differs from the recorded one.
+  int64_t prefetch_misses() const { return prefetch_misses_; }
+
   const BucketLayout& layout() const { return layout_; }
   IterationState state() const { return state_; }
   BucketState bucket_state(int64_t bucket) const;
@@ -147,6 +151,7 @@ class Engine {
   int64_t next_reduction_ = 0;    // launch order is B-1, B-2, ..., 0: counts launched
   int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
   bool params_bound_ = false;
+  int64_t prefetch_misses_ = 0;
 };
 
 }  // namespace dearcomm
