@@ -117,6 +117,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("world_size"),
         "Plans fused buckets over parameters given in forward order (pure; no process group).");
   m.attr("SHARD_ALIGN_BYTES") = kShardAlignBytes;
+  m.attr("FIRST_BUCKET_CAP_BYTES") = kFirstBucketCapBytes;
 
   py::enum_<IterationState>(m, "IterationState")
       .value("IDLE", IterationState::kIdle)
@@ -176,6 +177,21 @@ PYBIND11_MODULE(_C, m) {
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)
       .def_property_readonly("prefetch_misses", &Engine::prefetch_misses)
+      .def("set_tracing", &Engine::set_tracing, py::arg("on"))
+      .def("take_trace", [](Engine& engine) {
+        py::list out;
+        for (const TraceEvent& e : engine.take_trace()) {
+          py::dict d;
+          d["kind"] = e.kind;
+          d["bucket"] = e.bucket;
+          d["launched_ns"] = e.launched_ns;
+          d["completed_ns"] = e.completed_ns;
+          d["wait_begin_ns"] = e.wait_begin_ns;
+          d["wait_end_ns"] = e.wait_end_ns;
+          out.append(d);
+        }
+        return out;
+      }, "The collectives recorded since the last call, as dicts of steady-clock ns.")
       .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
       .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
       .def("set_update_fn", [](Engine& engine, py::function fn) {

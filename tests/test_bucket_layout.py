@@ -75,3 +75,11 @@ def test_bad_inputs_are_named():
         plan([3, 0], 0, 2)
     with pytest.raises(TypeError, match="expected a torch.dtype"):
         _C.plan_buckets([3], ["float32"], 0, 2)
+
+
+def test_first_bucket_is_small_so_both_ends_of_the_overlap_are():
+    mib = 2**20 // 4  # float32 elements per MiB
+    layout = plan([mib // 2, mib // 2, mib, 4 * mib, 4 * mib], 25 * 2**20, 2)
+    assert _C.FIRST_BUCKET_CAP_BYTES == 2**20
+    assert [(b.first_param, b.num_params) for b in layout.buckets] == [(0, 2), (2, 3)]
+    assert plan([10, 10], 40, 2).buckets[0].num_params == 1  # a smaller cap still wins

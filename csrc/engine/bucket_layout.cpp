@@ -57,7 +57,8 @@ BucketLayout plan_buckets(
     open.numel += numels[i];
     open.num_params += 1;
     const int64_t bytes = open.numel * static_cast<int64_t>(c10::elementSize(open.dtype));
-    if (bytes >= bucket_cap_bytes) {
+    const int64_t cap = layout.buckets.empty() ? std::min(bucket_cap_bytes, kFirstBucketCapBytes) : bucket_cap_bytes;
+    if (bytes >= cap) {
       close_bucket(open);
       open = BucketSpec{static_cast<int64_t>(i + 1), 0, 0, 0, 0, c10::ScalarType::Undefined};
     }

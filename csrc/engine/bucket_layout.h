@@ -53,9 +53,17 @@ struct BucketLayout {
 // NCCL's fast paths need aligned chunks. The pad is never read as data.
 constexpr int64_t kShardAlignBytes = 64;
 
+// Bucket 0 (the first layers) closes at min(cap, this). Its all-gather is the
+// one the next forward cannot hide (it starts after step() and the first module
+// needs it at once), and its reduce-scatter the one backward cannot hide (its
+// gradients arrive last): both ends of the overlap want it small. DDP keeps its
+// first bucket small (1 MiB) for the same reason at its one end.
+constexpr int64_t kFirstBucketCapBytes = 1 << 20;
+
 // Plans buckets over parameters given in forward order. A bucket is closed
-// once it holds at least `bucket_cap_bytes` (0: one bucket per parameter) or
-// when the next parameter has another dtype (a bucket is one flat tensor).
+// once it holds at least `bucket_cap_bytes` (0: one bucket per parameter;
+// bucket 0: see kFirstBucketCapBytes) or when the next parameter has another
+// dtype (a bucket is one flat tensor).
 BucketLayout plan_buckets(
     const std::vector<int64_t>& numels,
     const std::vector<c10::ScalarType>& dtypes,

@@ -23,6 +23,9 @@ class PendingCollective {
  public:
   virtual ~PendingCollective() = default;
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // When the collective completed (steady_clock, ns), if the backend knows
+  // without waiting; -1 otherwise. Used by the timeline.
+  virtual int64_t completed_ns() const { return -1; }
 };
 
 class CommBackend {

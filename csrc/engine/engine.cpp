@@ -55,7 +55,15 @@ struct Engine::Bucket {
   at::Tensor gather_input;  // sharded: `master` in the parameters' dtype (aliases it for fp32)
   at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
   std::unique_ptr<PendingCollective> pending;
+  int64_t launched_ns = -1;  // timeline: when `pending` was launched
 };
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 Engine::Engine(BucketLayout layout,
                std::vector<at::Tensor> params,
@@ -119,6 +127,19 @@ Engine::Engine(BucketLayout layout,
 }
 
 Engine::~Engine() = default;
+
+void Engine::trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
+                        int64_t wait_begin_ns) {
+  if (tracing_ && launched_ns >= 0) {
+    trace_.push_back(TraceEvent{kind, bucket, launched_ns, pending.completed_ns(), wait_begin_ns, now_ns()});
+  }
+}
+
+std::vector<TraceEvent> Engine::take_trace() {
+  std::vector<TraceEvent> out;
+  out.swap(trace_);
+  return out;
+}
 
 c10::ScalarType Engine::comm_dtype(int64_t b) const {
   return options_.comm_dtype == c10::ScalarType::Undefined ? layout_.buckets[b].dtype : options_.comm_dtype;
@@ -253,6 +274,7 @@ void Engine::start_reduction(int64_t b) {
     bucket.pending = backend_->all_reduce(bucket.grads);
   }
   bucket.state = BucketState::kReducing;
+  bucket.launched_ns = tracing_ ? now_ns() : -1;
 }
 
 // ---- step ----------------------------------------------------------------
@@ -278,11 +300,13 @@ void Engine::finish_reduction(int64_t b) {
   const bool dear = options_.schedule == Schedule::kDear;
   {
     DEARCOMM_RANGE(dear ? "wait_reduce_scatter" : "wait_all_reduce", b);
+    const int64_t wait_begin = tracing_ ? now_ns() : -1;
     try {
       bucket.pending->wait(options_.timeout);
     } catch (const std::exception& e) {
       fail_collective(dear ? "reduce-scatter" : "all-reduce", b, e);
     }
+    trace_wait(b, dear ? "reduce_scatter" : "all_reduce", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
   // Average: what pack did not divide already (fp16 divides before the sum).
@@ -360,6 +384,7 @@ void Engine::start_gather(int64_t b) {
     bucket.pending = backend_->all_gather(bucket.grad_shard, bucket.grads);
   }
   bucket.state = BucketState::kGathering;
+  bucket.launched_ns = tracing_ ? now_ns() : -1;
   next_gather_ = b + 1;
 }
 
@@ -367,11 +392,13 @@ void Engine::finish_gather(int64_t b) {
   Bucket& bucket = buckets_[b];
   {
     DEARCOMM_RANGE("wait_all_gather", b);
+    const int64_t wait_begin = tracing_ ? now_ns() : -1;
     try {
       bucket.pending->wait(options_.timeout);
     } catch (const std::exception& e) {
       fail_collective("all-gather", b, e);
     }
+    trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
   if (options_.update == Update::kReplicated && !bucket.gathered.is_same(bucket.grads)) {

@@ -45,6 +45,16 @@ enum class IterationState {
   kGathering,  // all-gathers pending, consumed by the next forward's hooks
 };
 
+// One collective on the timeline (steady_clock ns; -1 where unknown).
+struct TraceEvent {
+  std::string kind;  // "reduce_scatter", "all_gather", "all_reduce"
+  int64_t bucket;
+  int64_t launched_ns;
+  int64_t completed_ns;   // from the backend, if it reports it
+  int64_t wait_begin_ns;  // the engine started waiting for it
+  int64_t wait_end_ns;    // ... and was done (results usable)
+};
+
 enum class BucketState {
   kFilling,    // waiting for gradients of its parameters
   kReducing,   // reduce-scatter / all-reduce in flight
@@ -118,6 +128,10 @@ class Engine {
   // all-gather: the forward order differs from the recorded one.
   int64_t prefetch_misses() const { return prefetch_misses_; }
 
+  // Timeline: off by default; when on, every collective leaves a TraceEvent.
+  void set_tracing(bool on) { tracing_ = on; }
+  std::vector<TraceEvent> take_trace();
+
   const BucketLayout& layout() const { return layout_; }
   IterationState state() const { return state_; }
   BucketState bucket_state(int64_t bucket) const;
@@ -152,6 +166,10 @@ class Engine {
   int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
   bool params_bound_ = false;
   int64_t prefetch_misses_ = 0;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
+                  int64_t wait_begin_ns);
 };
 
 }  // namespace dearcomm

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <functional>
 
 namespace dearcomm {
@@ -12,7 +13,16 @@ namespace {
 class WorkHandle final : public PendingCollective {
  public:
   WorkHandle(c10::intrusive_ptr<c10d::Work> work, const char* what, std::function<void()> finish = {})
-      : work_(std::move(work)), what_(what), finish_(std::move(finish)) {}
+      : work_(std::move(work)), what_(what), finish_(std::move(finish)) {
+    // The completion time, stamped by gloo's worker thread (for the timeline).
+    auto stamp = completed_;
+    work_->getFuture()->addCallback([stamp](c10::ivalue::Future&) {
+      stamp->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch()).count());
+    });
+  }
+
+  int64_t completed_ns() const override { return completed_->load(); }
 
   void wait(std::chrono::milliseconds timeout) override {
     bool completed = false;
@@ -29,6 +39,7 @@ class WorkHandle final : public PendingCollective {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  std::shared_ptr<std::atomic<int64_t>> completed_ = std::make_shared<std::atomic<int64_t>>(-1);
   const char* what_;
   std::function<void()> finish_;
 };
