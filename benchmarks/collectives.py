@@ -109,11 +109,11 @@ def fusion_mode(args, device, backend):
     dtype = DTYPES[args.dtypes[0]]
     sizes = [max(1, b // dtype.itemsize) for b in parse_fusion(args.fusion)]
     tensors = [torch.randn(n, dtype=dtype, device=device) for n in sizes]
-    layout = _C.plan_buckets(sizes, [dtype] * len(sizes), 1 << 62, p)  # one bucket
-    bucket = layout.buckets[0]
-    flat = torch.zeros(bucket.padded_numel, dtype=dtype, device=device)
-    shard = torch.empty(bucket.shard_numel, dtype=dtype, device=device)
-    offsets = [slot.offset for slot in layout.params]
+    # One bucket holding every tensor, laid out as the engine lays out a bucket.
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    shard_numel = -(-sum(sizes) // (p * 64)) * 64  # 1/p of the data, in whole 64-element units
+    flat = torch.zeros(shard_numel * p, dtype=dtype, device=device)
+    shard = torch.empty(shard_numel, dtype=dtype, device=device)
     per_tensor_out = [torch.empty(-(-n // p), dtype=dtype, device=device) for n in sizes]
     per_tensor_in = [torch.zeros(len(o) * p, dtype=dtype, device=device) for o in per_tensor_out]
 

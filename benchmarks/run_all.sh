@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every benchmark of docs/benchmarks.md, into results/ (tables .txt, numbers
+# .json, timelines .png/.json). The emulated-network runs need root.
+#   bash benchmarks/run_all.sh            # ~30 min on 2 cores
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=results
+mkdir -p "$out"
+py=.venv/bin/python
+run() { local name=$1; shift; echo "### $name: $*"; "$@" 2>&1 | grep -v "^W1\|socket.cpp\|it/s\]" | tee "$out/$name.txt"; }
+
+run overhead .venv/bin/torchrun --nproc_per_node=2 benchmarks/overhead.py --json $out/overhead.json
+run collectives-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --dtypes fp32 --max-bytes 67108864 --json $out/collectives-loopback.json
+run fusion-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --fusion 200x4-64KiB --json $out/fusion-loopback.json
+run collectives-1gbit $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/collectives.py --dtypes fp32 --min-bytes 1048576 --max-bytes 67108864 --json $out/collectives-1gbit.json
+for model in mlp resnet gpt; do
+  run train-$model-loopback-2 .venv/bin/torchrun --nproc_per_node=2 benchmarks/train_bench.py --model $model --json $out/train-$model-loopback-2.json
+  run train-$model-1gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/train_bench.py --model $model --batch 256 --iters 3 --rounds 2 --timeline $out/timeline-$model-1gbit-2 --json $out/train-$model-1gbit-2.json
+done
+run train-mlp-1gbit-4 $py benchmarks/netlab.py --ranks 4 --rate 1gbit -- benchmarks/train_bench.py --model mlp --batch 128 --iters 3 --rounds 2 --json $out/train-mlp-1gbit-4.json
+run train-mlp-10gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 10gbit -- benchmarks/train_bench.py --model mlp --batch 256 --iters 3 --rounds 2 --json $out/train-mlp-10gbit-2.json
+run soak .venv/bin/torchrun --nproc_per_node=2 benchmarks/soak.py --steps 1000 --json $out/soak.json
