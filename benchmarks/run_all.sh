@@ -13,9 +13,12 @@ run overhead .venv/bin/torchrun --nproc_per_node=2 benchmarks/overhead.py --json
 run collectives-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --dtypes fp32 --max-bytes 67108864 --json $out/collectives-loopback.json
 run fusion-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --fusion 200x4-64KiB --json $out/fusion-loopback.json
 run collectives-1gbit $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/collectives.py --dtypes fp32 --min-bytes 1048576 --max-bytes 67108864 --json $out/collectives-1gbit.json
+# Per-rank batches: mlp 256 puts C/T_bwd near DeAR's sweet spot at 1 Gbit/s; resnet and gpt are
+# compute-bound here (one core per rank), gpt at batch 8 (x 64 tokens) to keep the run short.
+declare -A batch=([mlp]=256 [resnet]=256 [gpt]=8) loopback_batch=([mlp]=64 [resnet]=64 [gpt]=8)
 for model in mlp resnet gpt; do
-  run train-$model-loopback-2 .venv/bin/torchrun --nproc_per_node=2 benchmarks/train_bench.py --model $model --json $out/train-$model-loopback-2.json
-  run train-$model-1gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/train_bench.py --model $model --batch 256 --iters 3 --rounds 2 --timeline $out/timeline-$model-1gbit-2 --json $out/train-$model-1gbit-2.json
+  run train-$model-loopback-2 .venv/bin/torchrun --nproc_per_node=2 benchmarks/train_bench.py --model $model --batch ${loopback_batch[$model]} --json $out/train-$model-loopback-2.json
+  run train-$model-1gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/train_bench.py --model $model --batch ${batch[$model]} --iters 3 --rounds 2 --timeline $out/timeline-$model-1gbit-2 --json $out/train-$model-1gbit-2.json
 done
 run train-mlp-1gbit-4 $py benchmarks/netlab.py --ranks 4 --rate 1gbit -- benchmarks/train_bench.py --model mlp --batch 128 --iters 3 --rounds 2 --json $out/train-mlp-1gbit-4.json
 run train-mlp-10gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 10gbit -- benchmarks/train_bench.py --model mlp --batch 256 --iters 3 --rounds 2 --json $out/train-mlp-10gbit-2.json
