@@ -37,3 +37,19 @@ def batches(steps: int, global_batch: int, seed: int = 1):
 def local_slice(tensor, rank: int, world_size: int):
     n = tensor.shape[0] // world_size
     return tensor[rank * n:(rank + 1) * n]
+
+
+def step_on_slice(model, optimizer, x, y, rank: int, world_size: int, float_loss: bool = False):
+    """One data-parallel step: this rank's slice of the global batch
+    (float_loss: compute the loss in fp32, for low-precision models)."""
+    out = model(local_slice(x, rank, world_size))
+    torch.nn.functional.cross_entropy(out.float() if float_loss else out, local_slice(y, rank, world_size)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def step_on_global_batch(reference, optimizer, x, y):
+    """The single-process reference: one step on the whole global batch."""
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice
+from tests.models import MixedNet, batches, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, make_optimizer
 
@@ -29,9 +29,7 @@ def single_process_bf16_distance():
     low = copy.deepcopy(reference).to(torch.bfloat16)
     ref_opt, master_opt = make_optimizer("adamw", reference), make_optimizer("adamw", master)
     for x, y in batches(5, 12):
-        F.cross_entropy(reference(x), y).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
+        step_on_global_batch(reference, ref_opt, x, y)
         F.cross_entropy(low(x).float(), y).backward()
         for p, m in zip(low.parameters(), master.parameters()):
             m.grad, p.grad = p.grad.float(), None
@@ -60,13 +58,8 @@ def precision_worker(rank, world_size, comm_dtype, param_dtype):
             model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
                                              comm_dtype=comm_dtype)
             for x, y in batches(5, 12):
-                F.cross_entropy(model(local_slice(x, rank, world_size)).float(),
-                                local_slice(y, rank, world_size)).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                F.cross_entropy(reference(x), y).backward()
-                ref_opt.step()
-                ref_opt.zero_grad()
+                step_on_slice(model, optimizer, x, y, rank, world_size, float_loss=True)
+                step_on_global_batch(reference, ref_opt, x, y)
             model.sync()
             engine = model._dear.engine
             masters = [engine.master_shard(b).dtype for b in range(len(engine.layout.buckets))] \

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice
+from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, make_optimizer
 
@@ -86,9 +86,7 @@ def accumulation_worker(rank, world_size):
                     (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
             optimizer.step()
             optimizer.zero_grad()
-            F.cross_entropy(reference(x), y).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+            step_on_global_batch(reference, ref_opt, x, y)
             model.sync()
             assert_same_parameters(model, reference, f"step {step}")
     return each_schedule(rank, world_size, run)
@@ -116,13 +114,9 @@ def checkpointing_worker(rank, world_size):
             reference = copy.deepcopy(model)
             optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
             model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
-            for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
-                F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                F.cross_entropy(reference(x), y).backward()
-                ref_opt.step()
-                ref_opt.zero_grad()
+            for x, y in batches(4, GLOBAL_BATCH):
+                step_on_slice(model, optimizer, x, y, rank, world_size)
+                step_on_global_batch(reference, ref_opt, x, y)
             model.sync()
             assert_same_parameters(model, reference, f"use_reentrant={reentrant}")
     return each_schedule(rank, world_size, run)

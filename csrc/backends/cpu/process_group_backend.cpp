@@ -2,44 +2,63 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 
 namespace dearcomm {
 namespace {
 
-// A c10d Work plus the local step that completes it (e.g. the sum after the
-// all-to-all of reduce_scatter).
+// The c10d Works of one collective plus the local step that completes it
+// (e.g. the sum after the exchange of reduce_scatter).
 class WorkHandle final : public PendingCollective {
  public:
-  WorkHandle(c10::intrusive_ptr<c10d::Work> work, const char* what, std::function<void()> finish = {})
-      : work_(std::move(work)), what_(what), finish_(std::move(finish)) {
-    // The completion time, stamped by gloo's worker thread (for the timeline).
-    auto stamp = completed_;
-    work_->getFuture()->addCallback([stamp](c10::ivalue::Future&) {
-      stamp->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch()).count());
-    });
+  WorkHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, const char* what, std::function<void()> finish = {})
+      : works_(std::move(works)), what_(what), finish_(std::move(finish)) {
+    // The completion time, stamped by gloo's threads as the last Work ends (for
+    // the timeline). gloo's send/recv Works have no future: then it stays unknown.
+    auto state = progress_;
+    state->remaining.store(static_cast<int64_t>(works_.size()));
+    for (const auto& work : works_) {
+      c10::intrusive_ptr<c10::ivalue::Future> future;
+      try {
+        future = work->getFuture();
+      } catch (const std::exception&) {
+        return;
+      }
+      future->addCallback([state](c10::ivalue::Future&) {
+        if (state->remaining.fetch_sub(1) == 1) {
+          state->completed.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now().time_since_epoch()).count());
+        }
+      });
+    }
   }
 
-  int64_t completed_ns() const override { return completed_->load(); }
+  int64_t completed_ns() const override { return progress_->completed.load(); }
 
   void wait(std::chrono::milliseconds timeout) override {
-    bool completed = false;
-    try {
-      completed = work_->wait(timeout);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, what_, " failed: ", e.what());
+    for (const auto& work : works_) {
+      bool completed = false;
+      try {
+        completed = work->wait(timeout);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, what_, " failed: ", e.what());
+      }
+      TORCH_CHECK(completed, what_, " did not finish within ", timeout.count(), " ms");
     }
-    TORCH_CHECK(completed, what_, " did not finish within ", timeout.count(), " ms");
     if (finish_) {
       finish_();
     }
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::shared_ptr<std::atomic<int64_t>> completed_ = std::make_shared<std::atomic<int64_t>>(-1);
+  struct Progress {
+    std::atomic<int64_t> remaining{0};
+    std::atomic<int64_t> completed{-1};
+  };
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
   const char* what_;
   std::function<void()> finish_;
 };
@@ -55,34 +74,74 @@ std::string ProcessGroupBackend::name() const {
   return "c10d:" + group_->getBackendName();
 }
 
+std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBackend::exchange(
+    const std::vector<at::Tensor>& outgoing, const std::vector<at::Tensor>& incoming) {
+  // Every message of one exchange has the same size, so both ends cut it into
+  // the same pieces; tags are (exchange number, piece), the same on every rank
+  // because every rank calls exchange() in the same order.
+  const int64_t call = next_exchange_++ % kTagCycles;
+  const int rank = this->rank();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int peer = 0; peer < world_size(); ++peer) {
+    if (peer == rank) {
+      continue;
+    }
+    const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
+    const int64_t pieces = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+    auto in = incoming[peer].chunk(pieces);
+    auto out = outgoing[peer].chunk(pieces);
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int tag = static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k));
+      std::vector<at::Tensor> recv_buffer{in[k]};
+      std::vector<at::Tensor> send_buffer{out[k]};
+      works.push_back(group_->recv(recv_buffer, peer, tag));
+      works.push_back(group_->send(send_buffer, peer, tag));
+    }
+  }
+  return works;
+}
+
 std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
   const int64_t p = world_size();
-  TORCH_CHECK(input.numel() == output.numel() * p,
-      "dearcomm: reduce_scatter input has ", input.numel(), " elements, expected ", output.numel() * p);
+  const int64_t shard = output.numel();
+  TORCH_CHECK(input.numel() == shard * p,
+      "dearcomm: reduce_scatter input has ", input.numel(), " elements, expected ", shard * p);
   at::Tensor& scratch = scatter_scratch_[input.data_ptr()];
   if (!scratch.defined() || scratch.numel() != input.numel() || scratch.dtype() != input.dtype()) {
     scratch = at::empty_like(input);
   }
-  at::Tensor in = input;
-  std::vector<int64_t> equal_splits;  // empty: p equal chunks
-  auto work = group_->all_to_all_single(scratch, in, equal_splits, equal_splits);
-  at::Tensor received = scratch.view({p, output.numel()});
-  at::Tensor out = output;
-  return std::make_unique<WorkHandle>(std::move(work), "reduce-scatter (all_to_all_single)",
-      [received, out]() mutable { at::sum_out(out, received, /*dim=*/{0}); });
+  // Rank j's chunk of `input` goes to rank j; chunk j of scratch receives rank j's.
+  std::vector<at::Tensor> outgoing, incoming;
+  for (int64_t j = 0; j < p; ++j) {
+    outgoing.push_back(input.narrow(0, j * shard, shard));
+    incoming.push_back(scratch.narrow(0, j * shard, shard));
+  }
+  auto works = exchange(outgoing, incoming);
+  const int64_t r = rank();
+  at::Tensor own = outgoing[r], own_slot = incoming[r], received = scratch.view({p, shard}), out = output;
+  return std::make_unique<WorkHandle>(std::move(works), "reduce-scatter", [own, own_slot, received, out]() mutable {
+    own_slot.copy_(own);
+    at::sum_out(out, received, /*dim=*/{0});
+  });
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
-  TORCH_CHECK(output.numel() == input.numel() * world_size(),
-      "dearcomm: all_gather output has ", output.numel(), " elements, expected ", input.numel() * world_size());
-  at::Tensor in = input;
-  at::Tensor out = output;
-  return std::make_unique<WorkHandle>(group_->all_gather_single(out, in), "all-gather");
+  const int64_t p = world_size();
+  const int64_t shard = input.numel();
+  TORCH_CHECK(output.numel() == shard * p,
+      "dearcomm: all_gather output has ", output.numel(), " elements, expected ", shard * p);
+  std::vector<at::Tensor> outgoing(p, input), incoming;
+  for (int64_t j = 0; j < p; ++j) {
+    incoming.push_back(output.narrow(0, j * shard, shard));
+  }
+  incoming[rank()].copy_(input);
+  return std::make_unique<WorkHandle>(exchange(outgoing, incoming), "all-gather");
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {
   std::vector<at::Tensor> tensors{buffer};
-  return std::make_unique<WorkHandle>(group_->allreduce(tensors), "all-reduce");
+  return std::make_unique<WorkHandle>(std::vector<c10::intrusive_ptr<c10d::Work>>{group_->allreduce(tensors)},
+                                      "all-reduce");
 }
 
 void ProcessGroupBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
