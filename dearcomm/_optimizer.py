@@ -58,6 +58,9 @@ class DistributedOptimizer(Optimizer):
         layout = engine.layout
         if self._update == "sharded":
             self._build_shard_optimizer(engine, group_of)
+            if self._pending_state is not None:  # loaded before the pieces existed
+                pending, self._pending_state = self._pending_state, None
+                self.load_state_dict(pending)
         elif self._schedule == "dear":
             self._bucket_params = [[[] for _ in self.param_groups] for _ in layout.buckets]
             self._bucket_grads = [[] for _ in layout.buckets]
@@ -100,9 +103,6 @@ class DistributedOptimizer(Optimizer):
                 f"as {type(self.optimizer).__name__}(param_groups, **hyperparameters), which failed: {e}. "
                 "Use update='replicated' for this optimizer."
             ) from e
-        if self._pending_state is not None:
-            self.load_state_dict(self._pending_state)
-            self._pending_state = None
 
     @staticmethod
     def _hyperparameters(group: Dict[str, Any]) -> Dict[str, Any]:

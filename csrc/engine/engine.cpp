@@ -99,8 +99,6 @@ Engine::Engine(BucketLayout layout,
           "dearcomm: parameter '", names_[p], "' (", params_[p].numel(), " elements of ",
           params_[p].scalar_type(), ") does not match its slot in bucket ", b, " (",
           layout_.params[p].numel, " elements of ", spec.dtype, ")");
-    }
-    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
       bucket.offsets.push_back(layout_.params[p].offset);
     }
     bucket.arrived.resize(spec.num_params);
