@@ -168,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
       .def("check_backward_complete", &Engine::check_backward_complete)
       .def("finish_reductions", &Engine::finish_reductions, release())
       .def("start_gathers", &Engine::start_gathers, release())
+      .def("skip_step", &Engine::skip_step)
       .def("require_bucket", &Engine::require_bucket, release())
       .def("flush", &Engine::flush, release())
       .def("grad_shard", &Engine::grad_shard)

@@ -39,6 +39,25 @@ class DearModule:
         finally:
             runtime.sync_gradients = previous
 
+    def register_update_hook(self, hook):
+        """Calls ``hook([(name, parameter), ...])`` for each bucket once its
+        parameters hold the result of the last ``optimizer.step()`` — with
+        dear, when the next forward (or ``sync()``) has waited for the bucket's
+        all-gather, so the hook overlaps the rest of the all-gathers; with wfbp,
+        at the end of step(). Parameters read right after step() are otherwise
+        the previous step's under dear; an EMA updated from this hook equals
+        DDP's EMA updated after every step (see the README). Also called for
+        steps that a GradScaler skipped. Returns a handle with ``remove()``."""
+        return self._dear.register_update_hook(hook)
+
+    def close(self) -> None:
+        """Finishes pending all-gathers and updates, then detaches dearcomm:
+        hooks removed, engine and bucket buffers released once nothing else
+        holds them. The module keeps its (current) parameters; its optimizer
+        can no longer step. Dropping the module without close() frees the
+        same, by garbage collection."""
+        self._dear.close()
+
 
 def _on_state_dict(module, prefix, keep_vars) -> None:
     module._dear.sync()

@@ -12,10 +12,20 @@ optimizer, so LR schedulers and code that edits hyper-parameters work unchanged.
   bucket, restricted to that bucket's parameters, right after the bucket's
   all-gather (in the next forward, or at sync()).
 - schedule="wfbp": the user's optimizer runs in step() on all-reduced gradients.
+
+torch.amp.GradScaler: the optimizer declares ``_step_supports_amp_scaling``, so
+``scaler.step(optimizer)`` hands it the scaler instead of unscaling ``.grad``
+itself. That matters because with dear ``.grad`` is not what gets applied: step()
+unscales and inf-checks what is (the reduced shards; wfbp: the averaged .grad),
+agrees on found_inf across ranks with one MAX all-reduce, and records that
+agreed value for ``scaler.update()``, so every rank skips the same steps and
+keeps the same scale.
 """
 from __future__ import annotations
 
 import inspect
+import warnings
+import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -25,6 +35,11 @@ from torch.optim import Optimizer
 from . import _C
 from ._optim_state import Piece, consolidate, load_consolidated
 from ._runtime import DearRuntime
+
+# GradScaler warns on every step that it will stop passing itself to optimizers
+# that handle scaling; until it does, that argument is the only way to give
+# scaler.update() the found_inf that every rank agreed on (see _amp_step).
+warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself", category=FutureWarning)
 
 
 class DistributedOptimizer(Optimizer):
@@ -71,7 +86,10 @@ class DistributedOptimizer(Optimizer):
                     gathered = engine.gathered_grads(slot.bucket)
                     self._bucket_grads[slot.bucket].append(
                         (param, gathered[slot.offset:slot.offset + slot.numel].view(param.shape)))
-            engine.set_update_fn(self._update_bucket)
+            # Weakly: the engine's C++ side would otherwise keep this optimizer,
+            # its runtime and the engine itself alive in a cycle no GC can see.
+            update = weakref.WeakMethod(self._update_bucket)
+            engine.set_update_fn(lambda bucket: update()(bucket))
 
     def _build_shard_optimizer(self, engine: _C.Engine, group_of: Dict) -> None:
         layout, rank = engine.layout, self._runtime.rank
@@ -110,16 +128,28 @@ class DistributedOptimizer(Optimizer):
 
     # ---- step -----------------------------------------------------------------
 
+    _step_supports_amp_scaling = True  # torch.amp.GradScaler: step() unscales what it applies
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, grad_scaler=None):
+        """Finishes the reductions, then updates (see the module's docstring).
+        ``grad_scaler`` is passed by ``torch.amp.GradScaler.step``, not by you."""
         if closure is not None:
             raise NotImplementedError("dearcomm: optimizer.step(closure) is not supported; compute the loss before step()")
         engine = self._runtime.engine
         if engine is None:
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         engine.finish_reductions()
+        scaling = grad_scaler is not None and grad_scaler.is_enabled()
+        user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
+        self._check_grads_untouched(allowed_changes=1 if user_unscaled else 0)
+        self._runtime.forget_grad_versions()
+        if scaling and self._amp_step(grad_scaler, user_unscaled):
+            engine.skip_step()  # inf/NaN on some rank: every rank skips, as GradScaler would
+            self._runtime.after_step()
+            return None
         if self._runtime.options.max_grad_norm is not None:
-            self.clip_grad_norm_(self._runtime.options.max_grad_norm)
+            self._clip(self._runtime.options.max_grad_norm, 2.0)
         if self._shard_optimizer is not None:
             for shard_group, group in zip(self._shard_optimizer.param_groups, self.param_groups):
                 shard_group.update(self._hyperparameters(group))  # LR schedulers edit the user's groups
@@ -131,7 +161,48 @@ class DistributedOptimizer(Optimizer):
         else:  # replicated dear: the update runs per bucket, after its all-gather
             self._step_hyperparameters = [self._hyperparameters(g) for g in self.param_groups]
         engine.start_gathers()
+        self._runtime.after_step()
         return None
+
+    def _check_grads_untouched(self, allowed_changes: int = 0) -> None:
+        changed = self._runtime.grads_changed_since_backward(allowed_changes)
+        if changed:
+            raise RuntimeError(
+                f"dearcomm: .grad of {changed[0]!r}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''} "
+                "was changed after backward (e.g. by torch.nn.utils.clip_grad_norm_, or scaler.unscale_ before "
+                "clipping, or zero_grad() before step()). With schedule='dear' .grad holds this rank's local "
+                "gradient; what step() applies was reduce-scattered during backward, so the change would be lost. "
+                "Clip with optimizer.clip_grad_norm_(max_norm) between backward and step(), or "
+                "wrap(..., max_grad_norm=...) (with a GradScaler: wrap(max_grad_norm=), applied after unscaling). "
+                "schedule='wfbp' keeps the averaged gradient in .grad, as DDP does.")
+
+    def _amp_step(self, scaler, user_unscaled: bool) -> bool:
+        """Unscales what this step applies and checks it for inf/NaN; returns
+        whether any rank found some. The agreed answer goes where
+        scaler.update() reads it."""
+        engine = self._runtime.engine
+        device = self._runtime.params[0].device
+        found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        state = scaler._per_optimizer_states[id(self)]
+        if self._schedule == "dear":
+            # Shards were never unscaled (scaler.unscale_ only touched the local .grad).
+            targets = [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
+        elif not user_unscaled:
+            targets = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        else:  # wfbp after scaler.unscale_: .grad is unscaled and checked already
+            targets = []
+            for value in state["found_inf_per_device"].values():
+                found_inf += value.to(device)
+        if targets:
+            inv_scale = scaler._scale.double().reciprocal().float().to(device)
+            by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+            for tensor in targets:
+                by_dtype.setdefault(tensor.dtype, []).append(tensor)
+            for tensors in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self._runtime.group)
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        return bool(found_inf.item())
 
     def _update_bucket(self, bucket: int) -> None:
         """Replicated update of one bucket: the user's optimizer, restricted to
@@ -165,11 +236,20 @@ class DistributedOptimizer(Optimizer):
         norm. Call it between backward and step(); it finishes the reductions.
         dear: the norm comes from the reduce-scattered shards (padding is zero)
         with one scalar all-reduce, and the shards are scaled before any update
-        or all-gather. wfbp: every rank holds full averaged gradients already."""
+        or all-gather. wfbp: every rank holds full averaged gradients already
+        (torch.nn.utils.clip_grad_norm_(model.parameters()) works as well).
+        With a GradScaler and dear, use wrap(max_grad_norm=) instead: it clips
+        after the scaler unscaled the shards."""
         engine = self._runtime.engine
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
             raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")
         engine.finish_reductions()
+        if self._schedule == "dear":
+            self._check_grads_untouched()
+        return self._clip(max_norm, norm_type)
+
+    def _clip(self, max_norm: float, norm_type: float) -> torch.Tensor:
+        engine = self._runtime.engine
         if self._schedule == "wfbp":
             return torch.nn.utils.clip_grad_norm_(self._runtime.params, max_norm, norm_type)
         norm_type = float(norm_type)
@@ -242,3 +322,9 @@ class DistributedOptimizer(Optimizer):
             group.update(saved)
         if self._shard_optimizer is not None and state_dict["shard"] is not None:
             self._shard_optimizer.load_state_dict(state_dict["shard"])
+
+
+def _scaler_stage(scaler, optimizer) -> str:
+    """GradScaler's stage for this optimizer: "READY", "UNSCALED" (the user
+    called scaler.unscale_(optimizer)) or "STEPPED"."""
+    return scaler._per_optimizer_states[id(optimizer)]["stage"].name

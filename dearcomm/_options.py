@@ -53,7 +53,15 @@ class WrapOptions:
     optimizer stay fp32. fp16 divides by the world size before the sum (its
     range is small), bf16 and fp32 after."""
 
+    broadcast_buffers: bool = True
+    """As DDP's option of the same name: every training forward (grad enabled,
+    outside no_sync()) starts by broadcasting rank 0's buffers (BatchNorm's
+    running statistics) to every rank, so all ranks keep the same. False: each
+    rank keeps its own buffers."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.broadcast_buffers, bool):
+            raise TypeError(f"dearcomm: broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
         if not isinstance(self.bucket_mb, (int, float)) or isinstance(self.bucket_mb, bool):
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
         if not self.bucket_mb >= 0:  # also rejects NaN

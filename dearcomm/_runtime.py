@@ -2,22 +2,36 @@
 records the forward order and builds the C++ engine at the first backward.
 
 Hooks and what they do:
-  forward pre-hook (every module that owns parameters)
-      first forward: record the order in which parameters are used;
+  forward pre-hook
+      first forward (on every module): record which modules run, in order, and
+      the parameters they own; a parameter whose module never runs (read
+      directly by an ancestor, as nn.MultiheadAttention reads out_proj.weight)
+      belongs to the nearest ancestor that ran. Afterwards only modules with
+      parameters to wait for keep the hook:
       after step():   training forward -> engine.require_bucket(b) for the
-                      module's buckets (waits for its all-gather, prefetches the
-                      next); no-grad/eval forward -> engine.flush().
+                      module's buckets (waits for its all-gather);
+                      no-grad/eval forward -> engine.flush().
+  forward pre-hook on the root (broadcast_buffers=True, model has buffers)
+      training forward: rank 0's buffers to every rank, as DDP does.
   post-accumulate-grad hook (every parameter that requires grad)
       engine.mark_grad_ready(i, grad): pack, and launch reductions in order;
-      the first one of a backward queues a check, run when backward ends, that
-      every parameter got its gradient.
+      the first one of a backward queues the end-of-backward callback, which
+      checks that every parameter got its gradient and (wfbp) finishes the
+      all-reduces so that .grad holds the average when backward returns, as
+      with DDP; (dear) notes the gradients' version counters, which step()
+      checks.
+
+Every hook holds the runtime weakly (a dropped model is freed by reference
+counting, although the engine's C++ side keeps the parameters alive) and is
+excluded from torch.compile (graph breaks at the hooks; the engine's state is
+not something to guard on).
 """
 from __future__ import annotations
 
 import datetime
 import logging
-import warnings
-from typing import Callable, Dict, List, Optional
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -28,12 +42,35 @@ from ._options import WrapOptions
 
 logger = logging.getLogger("dearcomm")
 
+# DDP's size for coalesced buffer broadcasts.
+_BUFFER_BROADCAST_BYTES = 250 * 1024 * 1024
+
+# Called with [(name, parameter), ...] of one bucket once its parameters hold
+# the result of the last optimizer.step().
+UpdateHook = Callable[[List[Tuple[str, nn.Parameter]]], None]
+
 
 def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
     try:
         return group._get_backend(torch.device("cpu")).options._timeout
     except (AttributeError, RuntimeError):
         return dist.default_pg_timeout
+
+
+def _weak_hook(method):
+    """A hook that calls ``method`` while its object lives and is skipped by
+    torch.compile. Holding the runtime strongly from a parameter's hook would
+    keep it, its engine and every bucket buffer alive for ever: the engine's
+    C++ side references the parameters, which hides the cycle from Python's
+    garbage collector."""
+    ref = weakref.WeakMethod(method)
+
+    @torch.compiler.disable
+    def hook(*args):
+        bound = ref()
+        return bound(*args) if bound is not None else None
+
+    return hook
 
 
 class DearRuntime:
@@ -57,47 +94,56 @@ class DearRuntime:
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
         self.index: Dict[nn.Parameter, int] = {}
         self.on_engine_built: List[Callable[[_C.Engine], None]] = []
-        self._forward_order: List[nn.Parameter] = []
-        self._recorded = set()
+        self._ran: List[nn.Module] = []      # first forward: modules in the order they ran
+        self._ran_set = set()
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False
         self.sync_gradients = True  # False inside DearModule.no_sync()
-        self._warned_order = False
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
+        self._grad_versions: Optional[List[Tuple[Optional[torch.Tensor], int]]] = None  # dear, after backward
+        self._update_hooks: Dict[int, UpdateHook] = {}
+        self._next_hook_id = 0
+        self._unreported: List[int] = []  # buckets updated by the last step whose update hooks have not run
+        self._forward_handles: Dict[nn.Module, object] = {}
         self._handles = []
 
         for sub in module.modules():
             owned = [p for p in sub.parameters(recurse=False) if p in self.names]
             if owned:
                 self._module_params[sub] = owned
-                self._handles.append(sub.register_forward_pre_hook(self._on_forward))
+            self._forward_handles[sub] = sub.register_forward_pre_hook(_weak_hook(self._on_forward))
         for param in self.names:
-            self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad))
+            self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
+        self._buffers = [b for b in module.buffers()]
+        if options.broadcast_buffers and self._buffers:
+            self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
 
     # ---- hooks -------------------------------------------------------------
 
     def _on_forward(self, module: nn.Module, args) -> None:
         engine = self.engine
         if engine is None:
-            for param in self._module_params[module]:
-                if param not in self._recorded:
-                    self._recorded.add(param)
-                    self._forward_order.append(param)
+            if module not in self._ran_set:
+                self._ran_set.add(module)
+                self._ran.append(module)
             return
         if engine.state != _C.IterationState.GATHERING:
             return
         if torch.is_grad_enabled() and module.training:
-            for bucket in self._module_buckets[module]:
+            buckets = self._module_buckets[module]
+            for bucket in buckets:
                 engine.require_bucket(bucket)
-            if engine.prefetch_misses and not self._warned_order:
-                self._warned_order = True
-                warnings.warn(
-                    "dearcomm: this forward runs modules in another order than the first forward did (e.g. a "
-                    "conditional branch); parameters stay correct, but all-gathers it needed early could not be "
-                    "prefetched. Shown once.", stacklevel=2)
+            if self._unreported:
+                self._report_updates(buckets)
         else:
-            engine.flush()  # eval / no_grad: see every update, prefetch nothing
+            self.sync()  # eval / no_grad: see every update
+
+    def _broadcast_buffers(self, module: nn.Module, args) -> None:
+        # As DDP (broadcast_buffers=True): a training forward starts from rank
+        # 0's buffers (BatchNorm's running statistics), so every rank keeps the same.
+        if module.training and torch.is_grad_enabled() and self.sync_gradients:
+            dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if not self.sync_gradients:
@@ -106,17 +152,67 @@ class DearRuntime:
             self._build_engine()
         if not self._end_of_backward_queued:
             self._end_of_backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            if self._unreported:
+                self.sync()  # the engine would flush anyway; the update hooks see it first
+            torch.autograd.Variable._execution_engine.queue_callback(_weak_hook(self._end_of_backward))
         self.engine.mark_grad_ready(self.index[param], param.grad)
 
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
+        engine = self.engine
         if self.options.find_unused_parameters:
-            for i in self.engine.missing_grads():
+            for i in engine.missing_grads():
                 if i not in self._zeros:
                     self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
-                self.engine.mark_grad_ready(i, self._zeros[i])
-        self.engine.check_backward_complete()
+                engine.mark_grad_ready(i, self._zeros[i])
+        engine.check_backward_complete()
+        if self.options.schedule == "wfbp":
+            engine.finish_reductions()  # .grad holds the average once backward returns, as with DDP
+        else:
+            self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
+
+    # ---- what step() checks and reports -------------------------------------
+
+    def grads_changed_since_backward(self, allowed_changes: int = 0) -> List[str]:
+        """dear: names of parameters whose .grad was modified (more than
+        ``allowed_changes`` in-place writes: scaler.unscale_ makes one) or
+        replaced after backward. Their change would be silently lost: the
+        gradients that step() applies were reduce-scattered during backward."""
+        if self._grad_versions is None:
+            return []
+        changed = []
+        for param, (grad, version) in zip(self.params, self._grad_versions):
+            if param.grad is not grad or (grad is not None and grad._version - version > allowed_changes):
+                changed.append(self.names[param])
+        return changed
+
+    def forget_grad_versions(self) -> None:
+        self._grad_versions = None
+
+    def register_update_hook(self, hook: UpdateHook) -> "_UpdateHookHandle":
+        self._next_hook_id += 1
+        self._update_hooks[self._next_hook_id] = hook
+        return _UpdateHookHandle(self, self._next_hook_id)
+
+    def after_step(self) -> None:
+        """Called by the optimizer at the end of step(): which buckets' update
+        hooks are due once their parameters are current."""
+        if not self._update_hooks:
+            return
+        self._unreported = list(range(len(self.engine.layout.buckets)))
+        if self.engine.state != _C.IterationState.GATHERING:
+            self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
+
+    def _report_updates(self, buckets: List[int]) -> None:
+        layout = self.engine.layout
+        for bucket in buckets:
+            if bucket not in self._unreported:
+                continue
+            self._unreported.remove(bucket)
+            spec = layout.buckets[bucket]
+            params = self.params[spec.first_param:spec.first_param + spec.num_params]
+            for hook in list(self._update_hooks.values()):
+                hook([(self.names[p], p) for p in params])
 
     # ---- engine ------------------------------------------------------------
 
@@ -127,7 +223,8 @@ class DearRuntime:
             removed = [n for p, n in self.names.items() if p not in now]
             raise ValueError(f"dearcomm: the module's trainable parameters changed after wrap() (added {added}, "
                              f"removed or frozen {removed}); change the model before wrapping it")
-        self.params = self._agree_on_forward_order()
+        readers = self._parameter_readers()
+        self.params = self._agree_on_forward_order(readers)
         self.index = {p: i for i, p in enumerate(self.params)}
         names = [self.names[p] for p in self.params]
 
@@ -144,8 +241,12 @@ class DearRuntime:
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
             self.options.comm_dtype,
         )
-        for module, owned in self._module_params.items():
-            self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in owned})
+        for module, params in readers.items():
+            self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in params})
+        for module, handle in list(self._forward_handles.items()):
+            if not self._module_buckets.get(module):
+                handle.remove()  # nothing to wait for: no Python call per forward
+                del self._forward_handles[module]
         if self.rank == 0:
             logger.info(
                 "dearcomm: schedule=%s update=%s, %d parameters in %d buckets on %s\n%s",
@@ -155,14 +256,42 @@ class DearRuntime:
         for callback in self.on_engine_built:
             callback(self.engine)
 
-    def _agree_on_forward_order(self) -> List[nn.Parameter]:
+    def _parameter_readers(self) -> Dict[nn.Module, List[nn.Parameter]]:
+        """Which module's forward pre-hook must make each parameter current:
+        its owner, and, for a parameter whose owner did not run in the first
+        forward, the nearest ancestor that did — a module whose forward reads
+        a child's parameter without calling the child (nn.MultiheadAttention
+        and out_proj; F.linear(x, self.child.weight)) runs its pre-hook before
+        that read. A parameter no running module contains goes to the root."""
+        parent: Dict[nn.Module, nn.Module] = {}
+        for module in self._module.modules():
+            for child in module.children():
+                parent.setdefault(child, module)
+        readers: Dict[nn.Module, List[nn.Parameter]] = {}
+        for module, owned in self._module_params.items():
+            readers.setdefault(module, []).extend(owned)  # a later forward may call it after all
+            reader = module
+            while reader not in self._ran_set and reader in parent:
+                reader = parent[reader]
+            if reader is not module:
+                readers.setdefault(reader if reader in self._ran_set else self._module, []).extend(owned)
+        return readers
+
+    def _agree_on_forward_order(self, readers: Dict[nn.Module, List[nn.Parameter]]) -> List[nn.Parameter]:
         """Every rank lays out buckets in rank 0's first-forward order (a
         data-dependent first forward may differ between ranks), after checking
         that every rank trains the same parameters; parameters rank 0's forward
         did not use go last, in registration order."""
+        mine_order: List[nn.Parameter] = []
+        seen = set()
+        for module in self._ran:
+            for param in readers.get(module, ()):
+                if param not in seen:
+                    seen.add(param)
+                    mine_order.append(param)
         mine = [(name, tuple(p.shape), str(p.dtype)) for p, name in self.names.items()]
         everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, (mine, [self.names[p] for p in self._forward_order]), group=self.group)
+        dist.all_gather_object(everyone, (mine, [self.names[p] for p in mine_order]), group=self.group)
         for rank, (theirs, _) in enumerate(everyone):
             if theirs != mine:
                 diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
@@ -179,8 +308,27 @@ class DearRuntime:
     def sync(self) -> None:
         if self.engine is not None:
             self.engine.flush()
+            if self._unreported:
+                self._report_updates(list(self._unreported))
 
-    def remove_hooks(self) -> None:
-        for handle in self._handles:
+    def close(self) -> None:
+        """Finishes pending work and removes every hook; the engine and its
+        buffers go with the last reference to them."""
+        self.sync()
+        for handle in list(self._forward_handles.values()) + self._handles:
             handle.remove()
+        self._forward_handles.clear()
         self._handles.clear()
+        self.engine = None
+        self.on_engine_built.clear()
+        self._update_hooks.clear()
+
+
+class _UpdateHookHandle:
+    def __init__(self, runtime: DearRuntime, key: int) -> None:
+        self._runtime, self._key = weakref.ref(runtime), key
+
+    def remove(self) -> None:
+        runtime = self._runtime()
+        if runtime is not None:
+            runtime._update_hooks.pop(self._key, None)

@@ -27,6 +27,7 @@ def wrap(
     find_unused_parameters: bool = False,
     max_grad_norm: Optional[float] = None,
     comm_dtype: Optional[torch.dtype] = None,
+    broadcast_buffers: bool = True,
 ) -> Tuple[nn.Module, DistributedOptimizer]:
     """Makes ``module`` and ``optimizer`` train data-parallel with the DeAR schedule.
 
@@ -38,15 +39,18 @@ def wrap(
     In every iteration, schedule="dear":
       * backward: each bucket's gradients are packed as they arrive; once a
         bucket is complete its reduce-scatter starts (last bucket first).
+        ``.grad`` keeps this rank's local gradient; changing it before step()
+        is an error (clip with ``optimizer.clip_grad_norm_`` or max_grad_norm).
       * ``optimizer.step()``: waits for the reduce-scatters. update="sharded":
         runs your optimizer on this rank's 1/p shard of fp32 master parameters,
-        then starts the all-gather of the first bucket's parameters.
-        update="replicated": starts the all-gather of averaged gradients.
+        then issues the all-gathers of every bucket's parameters, in order.
+        update="replicated": issues the all-gathers of averaged gradients.
       * next forward: a module's pre-hook waits for its bucket's all-gather
-        (replicated: then updates that bucket with your optimizer) and starts
-        the next bucket's all-gather, overlapping it with this module's work.
-    schedule="wfbp" all-reduces each bucket during backward instead and finishes
-    in step(), as DDP does; it has the replicated update only.
+        (replicated: then updates that bucket with your optimizer); the later
+        buckets' all-gathers run meanwhile, overlapping this module's work.
+    schedule="wfbp" all-reduces each bucket during backward and finishes when
+    backward ends, so ``.grad`` holds the average (as with DDP); step() runs
+    your optimizer. It has the replicated update only.
 
     Anything that reads parameters outside a training forward waits for the
     pending all-gathers first: ``module.sync()``, ``state_dict()``,
@@ -67,6 +71,8 @@ def wrap(
             DistributedOptimizer.clip_grad_norm_).
         comm_dtype: gradients travel in this dtype (torch.bfloat16 / torch.float16
             halve the bytes); default: the parameters' dtype. Master shards stay fp32.
+        broadcast_buffers: True (default, as DDP): each training forward starts
+            from rank 0's buffers (e.g. BatchNorm statistics). False: buffers stay per rank.
 
     Returns:
         ``(module, optimizer)``: the same module object, now also a
@@ -75,7 +81,8 @@ def wrap(
     """
     options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
-                          max_grad_norm=max_grad_norm, comm_dtype=comm_dtype)
+                          max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,
+                          broadcast_buffers=broadcast_buffers)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "dearcomm: torch.distributed is not initialized; call "

@@ -329,10 +329,7 @@ void Engine::start_gathers() {
   TORCH_CHECK(state_ == IterationState::kReduced,
       "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
   if (options_.schedule == Schedule::kWfbp) {
-    for (Bucket& bucket : buckets_) {
-      bucket.state = BucketState::kCurrent;
-    }
-    state_ = IterationState::kIdle;
+    mark_all_current();
     return;
   }
   if (options_.update == Update::kSharded && !params_bound_) {
@@ -340,7 +337,30 @@ void Engine::start_gathers() {
   }
   state_ = IterationState::kGathering;
   next_gather_ = 0;
-  start_gather(0);
+  // Every all-gather is issued here, in bucket order, not one by one from the
+  // next forward's hooks: then every rank issues them at the same point of the
+  // program whatever runs between step() and the next training forward (a
+  // rank-0-only state_dict() or eval, a barrier), and a hook only waits. The
+  // backends run them in issue order (one NCCL stream; gloo sends in posting
+  // order per pair), so bucket 0 still lands first and the forward overlaps the
+  // rest; buckets are consumed where the forward needs them.
+  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
+  for (int64_t b = 0; b < num_buckets; ++b) {
+    start_gather(b);
+  }
+}
+
+void Engine::skip_step() {
+  TORCH_CHECK(state_ == IterationState::kReduced,
+      "dearcomm: a step can be skipped only after the reductions finished, state is ", to_string(state_));
+  mark_all_current();  // nothing was updated, so the parameters are still current
+}
+
+void Engine::mark_all_current() {
+  for (Bucket& bucket : buckets_) {
+    bucket.state = BucketState::kCurrent;
+  }
+  state_ = IterationState::kIdle;
 }
 
 void Engine::bind_params_to_gather_buffers() {
@@ -415,17 +435,13 @@ void Engine::require_bucket(int64_t b) {
   }
   check_bucket_index(b);
   if (next_gather_ <= b) {
-    prefetch_misses_ += 1;  // this forward runs modules out of the recorded order
+    prefetch_misses_ += 1;  // not issued yet: start_gathers() issues every bucket, so this is a bug
   }
   while (next_gather_ <= b) {
     start_gather(next_gather_);
   }
   if (buckets_[b].state == BucketState::kGathering) {
     finish_gather(b);
-  }
-  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  if (b + 1 < num_buckets && next_gather_ == b + 1) {
-    start_gather(b + 1);  // prefetch: overlaps the modules of bucket b
   }
   for (const Bucket& bucket : buckets_) {
     if (bucket.state != BucketState::kCurrent) {

@@ -7,10 +7,9 @@
 // One iteration, schedule "dear" (buckets are numbered in forward order):
 //
 //   backward   grads ready, last layers first -> RS(bucket B-1) ... RS(bucket 0)
-//   step()     wait every RS, average; sharded: optimizer on the 1/p shard
-//              then AG(bucket 0) of the updated parameters
+//   step()     wait every RS, average; sharded: optimizer on the 1/p shard;
+//              then AG(0), AG(1), ..., AG(B-1) issued, running in that order
 //   forward    module of bucket b starts -> wait AG(b) [replicated: update b]
-//              -> launch AG(b+1) (prefetch)
 //
 // Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all in
 // step(), the user's optimizer updates full parameters, nothing in forward.
@@ -99,14 +98,18 @@ class Engine {
   // copied into each parameter's .grad for the user's optimizer. Idempotent
   // within a step (gradient clipping finishes the reductions early).
   void finish_reductions();
-  // dear: launches the first all-gather (the forward pre-hooks chain the rest).
-  // The first call in sharded mode makes parameters views into the gathered
-  // buffers. wfbp: nothing to gather, back to kIdle.
+  // dear: launches every all-gather, in bucket order; the next forward's hooks
+  // wait for them bucket by bucket. The first call in sharded mode makes
+  // parameters views into the gathered buffers. wfbp: nothing to gather, back
+  // to kIdle.
   void start_gathers();
+  // Ends a step whose update is skipped (a GradScaler found inf/NaN on every
+  // rank): nothing to gather, back to kIdle with the parameters unchanged.
+  void skip_step();
 
   // ---- forward ---------------------------------------------------------
-  // Makes bucket `bucket` current: launches all-gathers up to it, waits for
-  // it, applies its update (replicated), then prefetches the next bucket.
+  // Makes bucket `bucket` current: waits for its all-gather and applies its
+  // update (replicated). Other buckets keep gathering meanwhile.
   void require_bucket(int64_t bucket);
   // Completes every pending all-gather and update (eval, state_dict, sync()).
   void flush();
@@ -124,8 +127,8 @@ class Engine {
   // done; runs the optimizer on that bucket (reading gathered_grads).
   void set_update_fn(std::function<void(int64_t)> fn) { update_fn_ = std::move(fn); }
 
-  // Buckets a forward needed before the prefetch chain had started their
-  // all-gather: the forward order differs from the recorded one.
+  // Buckets a forward needed before their all-gather was issued (stays 0:
+  // start_gathers() issues them all; tests check it).
   int64_t prefetch_misses() const { return prefetch_misses_; }
 
   // Timeline: off by default; when on, every collective leaves a TraceEvent.
@@ -145,6 +148,7 @@ class Engine {
   void start_gather(int64_t bucket);
   void finish_gather(int64_t bucket);
   void bind_params_to_gather_buffers();
+  void mark_all_current();
   void copy_grads_to_params(int64_t bucket, const at::Tensor& flat);
   at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
   c10::ScalarType comm_dtype(int64_t bucket) const;

@@ -1,0 +1,357 @@
+"""The training loops people write around DDP, run with dearcomm: GradScaler,
+torch's clip_grad_norm_, EMA, torch.compile, rank-0-only checkpoints and eval,
+BatchNorm buffers, a dropped model. Each against a single-process reference on
+the global batch (or torch DDP where buffers make that the yardstick), after a
+normal loop: no sync() between steps."""
+import copy
+import gc
+import io
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import dearcomm
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+from tests.test_parity import SCHEDULES, make_optimizer
+from tests.test_training_features import TOL, assert_same_parameters, each_schedule
+
+GLOBAL_BATCH = 12
+BUCKETS = (0, 25.0)  # one bucket per tensor, and the default
+
+
+def assert_no_failures(results):
+    for rank, failures in enumerate(results):
+        assert not failures, f"rank {rank}:\n" + "\n".join(f"--- {k}:\n{v}" for k, v in failures.items())
+
+
+def each_schedule_and_bucket(rank, world_size, fn):
+    return each_schedule(rank, world_size, lambda schedule, update: [fn(schedule, update, b) for b in BUCKETS])
+
+
+def wrapped_pair(schedule, update, bucket_mb, optim="adamw", **options):
+    torch.manual_seed(0)
+    model = MixedNet()
+    reference = copy.deepcopy(model)
+    optimizer, ref_opt = make_optimizer(optim, model), make_optimizer(optim, reference)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=bucket_mb, schedule=schedule, update=update,
+                                     **options)
+    return model, optimizer, reference, ref_opt
+
+
+def local_loss(model, x, y, rank, world_size):
+    return F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size))
+
+
+# ---- item 2: torch.amp.GradScaler -----------------------------------------------
+
+def grad_scaler_worker(rank, world_size):
+    """GradScaler's recipe, with a step where only rank 1's loss overflows: every
+    rank must skip that step and back off the scale together, and the others
+    must apply unscaled gradients (a scale of 2^10 left in would show at once)."""
+    def run(schedule, update, bucket_mb):
+        for variant in ("plain", "unscale_", "clip"):
+            if variant == "clip" and schedule == "dear":
+                options = dict(max_grad_norm=0.3)  # dear clips inside step(), after unscaling
+            else:
+                options = {}
+            model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb, **options)
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+            ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+            for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
+                overflow = step == 2
+                loss = local_loss(model, x, y, rank, world_size)
+                if overflow and rank == 1:
+                    loss = loss * float("inf")
+                scaler.scale(loss).backward()
+                if variant == "unscale_" or (variant == "clip" and schedule == "wfbp"):
+                    scaler.unscale_(optimizer)
+                if variant == "clip" and schedule == "wfbp":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+
+                ref_loss = F.cross_entropy(reference(x), y) * (float("inf") if overflow else 1.0)
+                ref_scaler.scale(ref_loss).backward()
+                ref_scaler.unscale_(ref_opt)
+                if variant == "clip":
+                    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+                ref_scaler.step(ref_opt)
+                ref_scaler.update()
+                ref_opt.zero_grad()
+                assert scaler.get_scale() == ref_scaler.get_scale(), (step, scaler.get_scale(), ref_scaler.get_scale())
+            model.sync()
+            assert_same_parameters(model, reference, f"{variant}, bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_grad_scaler_recipe_unscales_and_skips_together(world_size):
+    assert_no_failures(run_workers(grad_scaler_worker, world_size, deadline=300))
+
+
+# ---- item 3: torch.nn.utils.clip_grad_norm_ ---------------------------------------
+
+def torch_clip_worker(rank, world_size):
+    """wfbp: .grad holds the average after backward, so torch's clip gives
+    DDP's norm and result. dear: step() refuses a .grad changed after backward."""
+    def run(schedule, update, bucket_mb):
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+        for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH)):
+            local_loss(model, x, y, rank, world_size).backward()
+            F.cross_entropy(reference(x), y).backward()
+            if schedule == "wfbp":
+                for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}.grad: {m}")
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+            ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+            assert ref_norm > 0.3, "the test must actually clip"
+            if schedule == "dear":
+                with pytest.raises(RuntimeError, match="changed after backward.*optimizer.clip_grad_norm_"):
+                    optimizer.step()
+                return
+            torch.testing.assert_close(norm, ref_norm, **TOL)
+            optimizer.step()
+            optimizer.zero_grad()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        model.sync()
+        assert_same_parameters(model, reference, f"bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+def test_torch_clip_grad_norm_matches_ddp_with_wfbp_and_is_refused_with_dear():
+    assert_no_failures(run_workers(torch_clip_worker, 2))
+
+
+# ---- item 4: EMA from the update hook ----------------------------------------------
+
+def ema_worker(rank, world_size):
+    def run(schedule, update, bucket_mb):
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+        decay = 0.5
+        ema = {n: p.detach().clone() for n, p in model.named_parameters()}
+        ref_ema = {n: p.detach().clone() for n, p in reference.named_parameters()}
+        calls = []
+
+        def update_ema(named_params):
+            calls.append(len(named_params))
+            for name, param in named_params:
+                ema[name].lerp_(param.detach(), 1 - decay)
+
+        model.register_update_hook(update_ema)
+        for x, y in batches(4, GLOBAL_BATCH):
+            local_loss(model, x, y, rank, world_size).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            for name, param in reference.named_parameters():  # DDP's recipe: after every step
+                ref_ema[name].lerp_(param.detach(), 1 - decay)
+        model.sync()  # the last step's hooks run here
+        assert sum(calls) == 4 * len(ema), calls
+        torch.testing.assert_close(ema, ref_ema, **TOL)
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+def test_ema_from_update_hook_equals_ddp_ema():
+    assert_no_failures(run_workers(ema_worker, 2))
+
+
+# ---- item 5: torch.compile -----------------------------------------------------------
+
+def compile_worker(rank, world_size, backend):
+    torch._dynamo.config.cache_size_limit = 64
+
+    def run(schedule, update):
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, 0)
+        compiled = torch.compile(model, backend=backend)
+        for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+            local_loss(compiled, x, y, rank, world_size).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            if step == 1:
+                model.sync()
+            if step == 2:
+                with torch.no_grad():
+                    compiled.eval()
+                    torch.testing.assert_close(compiled(x[:2]), reference(x[:2]), **TOL)
+                    compiled.train()
+                model.state_dict()
+        model.sync()
+        assert_same_parameters(model, reference, f"compiled ({backend})")
+    return each_schedule(rank, world_size, run)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_after_wrap_trains_correctly(backend):
+    assert_no_failures(run_workers(compile_worker, 2, backend, deadline=600))
+
+
+# ---- item 6: rank-0-only checkpoint and eval -----------------------------------------
+
+def rank0_only_worker(rank, world_size):
+    """The DDP idioms `if rank == 0: save / eval` then dist.barrier(), right
+    after step(), with no sync() on the other ranks."""
+    def run(schedule, update, bucket_mb):
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+        for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH)):
+            local_loss(model, x, y, rank, world_size).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            if rank == 0:
+                if step == 0:
+                    buffer = io.BytesIO()
+                    torch.save(model.state_dict(), buffer)
+                    saved = torch.load(io.BytesIO(buffer.getvalue()))
+                    torch.testing.assert_close(saved, dict(reference.state_dict()), **TOL)
+                else:
+                    with torch.no_grad():
+                        model.eval()
+                        torch.testing.assert_close(model(x), reference(x), **TOL)
+                        model.train()
+            dist.barrier()
+        model.sync()
+        assert_same_parameters(model, reference, f"bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+def test_rank0_only_state_dict_and_eval_then_barrier_do_not_hang():
+    assert_no_failures(run_workers(rank0_only_worker, 2, deadline=120))
+
+
+# ---- item 9: a dropped model is freed --------------------------------------------------
+
+def dropped_model_worker(rank, world_size):
+    def run(schedule, update):
+        for explicit_close in (False, True):
+            model, optimizer, _, _ = wrapped_pair(schedule, update, 0)
+            for x, y in batches(2, GLOBAL_BATCH):
+                local_loss(model, x, y, rank, world_size).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            runtime, engine = model._dear, model._dear.engine
+            refs = [weakref.ref(o) for o in (model, optimizer, runtime, engine)]
+            if explicit_close:
+                model.close()
+                assert runtime.engine is None
+                assert not any(m._forward_pre_hooks for m in model.modules())
+                assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+            del model, optimizer, runtime, engine
+            gc.collect()
+            alive = [r() for r in refs if r() is not None]
+            assert not alive, f"close={explicit_close}: still alive: {[type(o).__name__ for o in alive]}"
+    return each_schedule(rank, world_size, run)
+
+
+def test_dropped_model_frees_runtime_and_engine():
+    assert_no_failures(run_workers(dropped_model_worker, 2))
+
+
+# ---- item 12: buffers, as DDP's broadcast_buffers --------------------------------------
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def buffers_worker(rank, world_size):
+    """Parameters and buffers equal torch DDP's, with the same broadcast_buffers."""
+    def run(schedule, update):
+        for broadcast in (True, False):
+            torch.manual_seed(0)
+            model = BatchNormNet()
+            ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(model), broadcast_buffers=broadcast)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+            model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update,
+                                             broadcast_buffers=broadcast)
+            g = torch.Generator().manual_seed(3)
+            for _ in range(3):
+                x = torch.randn(world_size * 4, 3, 6, 6, generator=g) * 2 + 1
+                y = torch.randint(0, 3, (world_size * 4,), generator=g)
+                for net, opt in ((model, optimizer), (ddp, ddp_opt)):
+                    local_loss(net, x, y, rank, world_size).backward()
+                    opt.step()
+                    opt.zero_grad()
+            model.sync()
+            what = f"broadcast_buffers={broadcast}"
+            assert_same_parameters(model, ddp.module, what)
+            torch.testing.assert_close(dict(model.named_buffers()), dict(ddp.module.named_buffers()), **TOL,
+                                       msg=lambda m: f"{what}: {m}")
+    return each_schedule(rank, world_size, run)
+
+
+def test_buffers_follow_ddp_broadcast_buffers():
+    assert_no_failures(run_workers(buffers_worker, 2))
+
+
+# ---- item 1: parameters read without calling their module -----------------------------
+
+class ReadsChildWeights(nn.Module):
+    """nn.MultiheadAttention reads out_proj's parameters without calling out_proj;
+    this forward also reads a child's weight with F.linear and never calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(MixedNet.VOCAB, 8)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True), num_layers=2)
+        self.projection = nn.Linear(8, 8)
+        self.head = nn.Linear(8, MixedNet.CLASSES)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.attention(x, x, x, need_weights=False)[0]
+        x = self.encoder(x)
+        x = torch.tanh(F.linear(x, self.projection.weight, self.projection.bias))
+        return self.head(x.mean(1))
+
+
+def child_weights_worker(rank, world_size):
+    def run(schedule, update, bucket_mb):
+        torch.manual_seed(0)
+        model = ReadsChildWeights()
+        reference = copy.deepcopy(model)
+        # SGD: the key bias of attention gets a zero gradient up to rounding,
+        # which Adam would blow up to lr-sized noise.
+        optimizer, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, reference))
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=bucket_mb, schedule=schedule, update=update)
+        for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+            loss = local_loss(model, x, y, rank, world_size)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ref_loss = F.cross_entropy(reference(local_slice(x, rank, world_size)), local_slice(y, rank, world_size))
+            F.cross_entropy(reference(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            # Each forward saw current parameters: the same loss as the reference's.
+            torch.testing.assert_close(loss, ref_loss, **TOL, msg=lambda m: f"step {step} loss: {m}")
+        model.sync()
+        assert_same_parameters(model, reference, f"bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_parameters_read_without_calling_their_module_are_current(world_size):
+    assert_no_failures(run_workers(child_weights_worker, world_size))
