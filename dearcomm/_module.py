@@ -1,23 +1,38 @@
 """What a wrapped module gains: ``sync()``, and state_dict()/load_state_dict()
 that see finished updates. Like FSDP2's ``fully_shard``, wrapping swaps the
 module's class for a subclass that mixes these in, so parameter names,
-``isinstance`` checks and attribute access stay as they were."""
+``isinstance`` checks, attribute access and the class name stay as they were.
+
+``copy.deepcopy(model)`` and ``pickle``/``torch.save(model)`` give a plain,
+synced module of the original class: no runtime, no dearcomm hook, and
+parameters that own their memory."""
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, Type
+import copy
+import operator
+from typing import Dict, Iterator, List, Tuple, Type
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ._runtime import DearRuntime
 
 _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
+
+# Instance attributes that wrap() adds; a plain copy leaves them behind.
+_ATTRIBUTES = ("_dear", "_dear_hooks")
+
+_NO_MODULE = ("dearcomm: a wrapped model has no attribute 'module': dearcomm.wrap() returns your model itself, not "
+              "a wrapper around it (as FSDP2's fully_shard does); use `model` where a DDP script uses `model.module`")
 
 
 class DearModule:
     """Mixin for modules returned by :func:`dearcomm.wrap`."""
 
     _dear: DearRuntime
+    _dear_hooks: List[RemovableHandle]  # the state_dict / load_state_dict hooks on this module
+    _dear_plain_class: Type[nn.Module]  # the class before wrap()
 
     def sync(self) -> None:
         """Finishes every pending all-gather and update, so the parameters hold
@@ -53,10 +68,76 @@ class DearModule:
     def close(self) -> None:
         """Finishes pending all-gathers and updates, then detaches dearcomm:
         hooks removed, engine and bucket buffers released once nothing else
-        holds them. The module keeps its (current) parameters; its optimizer
-        can no longer step. Dropping the module without close() frees the
-        same, by garbage collection."""
+        holds them. The module keeps its (current) parameters and is again of
+        its original class; its optimizer can no longer step. Dropping the
+        module without close() frees the same, by garbage collection."""
         self._dear.close()
+        for handle in self._dear_hooks:
+            handle.remove()
+        plain = type(self)._dear_plain_class
+        for name in _ATTRIBUTES:
+            del self.__dict__[name]
+        self.__class__ = plain
+
+    def __deepcopy__(self, memo: dict) -> nn.Module:
+        """A plain module of the original class holding the synced parameters
+        (e.g. an EMA copy): it has no runtime and no dearcomm hook, and its
+        parameters own their memory (with update="sharded" the wrapped model's
+        are views into flat buffers). Syncs first: call it on every rank, or
+        after ``sync()`` on every rank."""
+        self._dear.sync()
+        with _as_plain_module(self):
+            return copy.deepcopy(self, memo)
+
+    def __reduce_ex__(self, protocol):
+        # pickle / torch.save(model): the process group and engine cannot be
+        # pickled, and must not come back on load; pickle a plain copy instead.
+        # As an argument (loading calls operator.getitem((copy,), 0)): pickle
+        # refuses a reduction that builds another class than the object's own,
+        # and loading needs neither dearcomm nor the wrapped class.
+        return operator.getitem, ((copy.deepcopy(self),), 0)
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails; the model's own `module`
+        # (child, parameter, buffer or attribute) is found before this.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                # Not the model itself: `while hasattr(m, "module"): m = m.module`
+                # (transformers' unwrap_model, many scripts) would never end.
+                raise AttributeError(_NO_MODULE) from None
+            raise
+
+
+@contextlib.contextmanager
+def _as_plain_module(module: DearModule) -> Iterator[None]:
+    """For the duration: the module's original class, without the attributes
+    and hooks wrap() added; everything is put back afterwards, even on error."""
+    dear_class = type(module)
+    attributes = {name: module.__dict__.pop(name) for name in _ATTRIBUTES}
+    removed = _remove_hooks(attributes["_dear"].hook_handles() + attributes["_dear_hooks"])
+    module.__class__ = dear_class._dear_plain_class
+    try:
+        yield
+    finally:
+        module.__class__ = dear_class
+        module.__dict__.update(attributes)
+        for hooks, items in removed:  # back in their order, among the user's hooks
+            hooks.clear()
+            hooks.update(items)
+
+
+def _remove_hooks(handles: List[RemovableHandle]) -> List[Tuple[dict, list]]:
+    """Takes the handles' hooks out of their dicts; returns each dict touched with its former items."""
+    touched: Dict[int, Tuple[dict, list]] = {}
+    for handle in handles:
+        for ref in (handle.hooks_dict_ref, *handle.extra_dict_ref):
+            hooks = ref()
+            if hooks is not None and handle.id in hooks:
+                touched.setdefault(id(hooks), (hooks, list(hooks.items())))
+                del hooks[handle.id]
+    return list(touched.values())
 
 
 def _on_state_dict(module, prefix, keep_vars) -> None:
@@ -76,10 +157,15 @@ def _after_load(module, incompatible_keys) -> None:
 def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:
     cls = module.__class__
     if cls not in _classes:
-        _classes[cls] = type(f"Dear{cls.__name__}", (DearModule, cls), {"__module__": cls.__module__})
+        # The original's names: tools that record the class name (transformers'
+        # save_pretrained writes "architectures") must see the user's class.
+        _classes[cls] = type(cls.__name__, (DearModule, cls), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__, "_dear_plain_class": cls})
     module.__class__ = _classes[cls]
     module._dear = runtime
-    module.register_state_dict_pre_hook(_on_state_dict)
-    module.register_load_state_dict_pre_hook(_before_load)
-    module.register_load_state_dict_post_hook(_after_load)
+    module._dear_hooks = [
+        module.register_state_dict_pre_hook(_on_state_dict),
+        module.register_load_state_dict_pre_hook(_before_load),
+        module.register_load_state_dict_post_hook(_after_load),
+    ]
     return module

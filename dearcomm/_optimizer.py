@@ -138,6 +138,8 @@ class DistributedOptimizer(Optimizer):
             raise NotImplementedError("dearcomm: optimizer.step(closure) is not supported; compute the loss before step()")
         engine = self._runtime.engine
         if engine is None:
+            if self._runtime.closed:
+                raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         engine.finish_reductions()
         scaling = grad_scaler is not None and grad_scaler.is_enabled()

@@ -10,13 +10,15 @@ import torch.distributed as dist
 
 SCHEDULES = ("dear", "wfbp")
 UPDATES = ("sharded", "replicated")
+INT64_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
 class WrapOptions:
     bucket_mb: float = 25.0
     """Fusion threshold in MiB: a bucket closes once it holds this much. 0 gives
-    one bucket per parameter tensor. Larger buckets amortise each collective's
+    one bucket per parameter tensor; float("inf") no cap (one bucket per dtype,
+    after the small first bucket). Larger buckets amortise each collective's
     start-up latency; smaller ones start communication earlier. 25 is DDP's default."""
 
     schedule: str = "dear"
@@ -90,4 +92,6 @@ class WrapOptions:
 
     @property
     def bucket_cap_bytes(self) -> int:
-        return int(self.bucket_mb * 1024 * 1024)
+        # The planner takes an int64; inf (or any cap beyond it) means "no cap".
+        cap = self.bucket_mb * 1024 * 1024
+        return INT64_MAX if cap >= INT64_MAX else int(cap)

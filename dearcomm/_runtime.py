@@ -107,6 +107,7 @@ class DearRuntime:
         self._unreported: List[int] = []  # buckets updated by the last step whose update hooks have not run
         self._forward_handles: Dict[nn.Module, object] = {}
         self._handles = []
+        self.closed = False  # close() was called
 
         for sub in module.modules():
             owned = [p for p in sub.parameters(recurse=False) if p in self.names]
@@ -123,6 +124,8 @@ class DearRuntime:
 
     def _on_forward(self, module: nn.Module, args) -> None:
         engine = self.engine
+        if module not in self._forward_handles:
+            return  # a copy of a submodule (copy.deepcopy(model.block)) keeps the hook, not its role
         if engine is None:
             if module not in self._ran_set:
                 self._ran_set.add(module)
@@ -311,6 +314,10 @@ class DearRuntime:
             if self._unreported:
                 self._report_updates(list(self._unreported))
 
+    def hook_handles(self) -> list:
+        """Every hook this runtime installed (on modules and parameters)."""
+        return list(self._forward_handles.values()) + self._handles
+
     def close(self) -> None:
         """Finishes pending work and removes every hook; the engine and its
         buffers go with the last reference to them."""
@@ -320,6 +327,7 @@ class DearRuntime:
         self._forward_handles.clear()
         self._handles.clear()
         self.engine = None
+        self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,9 @@ def wrap(
 ) -> Tuple[nn.Module, DistributedOptimizer]:
     """Makes ``module`` and ``optimizer`` train data-parallel with the DeAR schedule.
 
-    At wrap time: checks the model and optimizer, broadcasts parameters and
+    At wrap time: checks the model and optimizer, checks that every rank built
+    the same model (names, shapes, dtypes of parameters and buffers; else every
+    rank raises, naming the first difference), broadcasts parameters and
     buffers from the group's first rank (as DDP does) and installs hooks. The
     first forward records the order in which modules use their parameters; the
     first backward lays out fused buckets in that order and builds the engine.
@@ -60,7 +62,8 @@ def wrap(
         module: the model, on CPU (gloo). Every rank passes the same architecture.
         optimizer: a torch optimizer over (some of) the module's parameters.
             update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...).
-        bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor.
+        bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor;
+            float("inf") = no cap.
         schedule: "dear" (default) or "wfbp".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
@@ -76,8 +79,9 @@ def wrap(
 
     Returns:
         ``(module, optimizer)``: the same module object, now also a
-        :class:`DearModule`, and a :class:`DistributedOptimizer` to use in place
-        of ``optimizer``.
+        :class:`DearModule` (``copy.deepcopy`` and ``torch.save`` of it give a
+        plain, synced module of its original class), and a
+        :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
     options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
@@ -97,6 +101,7 @@ def wrap(
         raise ValueError("dearcomm: this optimizer is already wrapped; pass the original torch optimizer")
     _check_parameters(module, optimizer)
 
+    _check_same_model_on_every_rank(module, options.process_group)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
@@ -124,6 +129,57 @@ def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:
         if getattr(sub, "sparse", False) is True and isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
             raise ValueError(f"dearcomm: module '{name}' ({type(sub).__name__}) makes sparse gradients; "
                              "sparse gradients are not supported, construct it with sparse=False")
+
+
+Entry = Tuple[str, str, Tuple[int, ...], str, Optional[bool]]  # kind, name, shape, dtype, requires_grad
+
+
+def _signature(module: nn.Module) -> List[Entry]:
+    """What the broadcast pairs up by position: every parameter, then every buffer."""
+    return ([("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in module.named_parameters()]
+            + [("buffer", n, tuple(b.shape), str(b.dtype), None) for n, b in module.named_buffers()])
+
+
+def _check_same_model_on_every_rank(module: nn.Module, group: Optional[dist.ProcessGroup]) -> None:
+    """A rank with another model would pair up other tensors in the broadcast, or
+    wait in it until the timeout; one all-gather of the signatures lets every
+    rank raise the same error at once instead."""
+    everyone: List[Optional[List[Entry]]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, _signature(module), group=group)
+    differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    if differing:
+        other = differing[0]
+        raise ValueError(
+            f"dearcomm: [rank {dist.get_rank(group)}] rank {other}'s model differs from rank 0's (ranks that "
+            f"differ: {differing}): {_first_difference(everyone[0], everyone[other], other)}. Every rank must build "
+            "the same model (same layers, shapes, dtypes and frozen parameters) before wrap().")
+
+
+def _first_difference(expected: List[Entry], got: List[Entry], rank: int) -> str:
+    """The first tensor, in rank 0's order, that rank `rank` lacks or has otherwise; else its first extra one."""
+    theirs = {entry[:2]: entry for entry in got}
+    ours = {entry[:2]: entry for entry in expected}
+    for entry in expected:
+        other = theirs.get(entry[:2])
+        if other is None:
+            return f"{_name(entry)} {_describe(entry)} is missing on rank {rank}"
+        if other != entry:
+            return f"{_name(entry)} is {_describe(entry)} on rank 0 but {_describe(other)} on rank {rank}"
+    for entry in got:
+        if entry[:2] not in ours:
+            return f"{_name(entry)} {_describe(entry)} is extra on rank {rank}"
+    i = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
+    return (f"the same tensors, registered in another order: {_name(expected[i])} comes where rank {rank} "
+            f"has {_name(got[i])}")
+
+
+def _name(entry: Entry) -> str:
+    return f"{entry[0]} '{entry[1]}'"
+
+
+def _describe(entry: Entry) -> str:
+    _, _, shape, dtype, requires_grad = entry
+    return f"(shape {shape}, {dtype}{', frozen' if requires_grad is False else ''})"
 
 
 @torch.no_grad()

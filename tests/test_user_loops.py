@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice
+from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, make_optimizer
 from tests.test_training_features import TOL, assert_same_parameters, each_schedule
@@ -146,12 +146,8 @@ def ema_worker(rank, world_size):
 
         model.register_update_hook(update_ema)
         for x, y in batches(4, GLOBAL_BATCH):
-            local_loss(model, x, y, rank, world_size).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            F.cross_entropy(reference(x), y).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_opt, x, y)
             for name, param in reference.named_parameters():  # DDP's recipe: after every step
                 ref_ema[name].lerp_(param.detach(), 1 - decay)
         model.sync()  # the last step's hooks run here
@@ -173,12 +169,8 @@ def compile_worker(rank, world_size, backend):
         model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, 0)
         compiled = torch.compile(model, backend=backend)
         for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
-            local_loss(compiled, x, y, rank, world_size).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            F.cross_entropy(reference(x), y).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+            step_on_slice(compiled, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_opt, x, y)
             if step == 1:
                 model.sync()
             if step == 2:
@@ -205,12 +197,8 @@ def rank0_only_worker(rank, world_size):
     def run(schedule, update, bucket_mb):
         model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
         for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH)):
-            local_loss(model, x, y, rank, world_size).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            F.cross_entropy(reference(x), y).backward()
-            ref_opt.step()
-            ref_opt.zero_grad()
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_opt, x, y)
             if rank == 0:
                 if step == 0:
                     buffer = io.BytesIO()
