@@ -343,3 +343,29 @@ def child_weights_worker(rank, world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_parameters_read_without_calling_their_module_are_current(world_size):
     assert_no_failures(run_workers(child_weights_worker, world_size))
+
+
+def rank0_only_optimizer_state_worker(rank, world_size):
+    """update='sharded': optimizer.state_dict() gathers every rank's shard, so
+    the DDP idiom of calling it on rank 0 alone cannot work; it must fail fast
+    with an error that says what to do, not wait out the collective timeout."""
+    import time
+
+    from dearcomm import _optim_state
+    _optim_state.ARRIVAL_SECONDS = 3.0
+    model, optimizer, _, _ = wrapped_pair("dear", "sharded", 0)
+    for x, y in batches(2, GLOBAL_BATCH):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+    started = time.monotonic()
+    if rank == 0:
+        with pytest.raises(RuntimeError, match="gathers every rank's shard.*Call it on every rank"):
+            optimizer.state_dict()
+        assert time.monotonic() - started < 20
+    dist.barrier()
+    state = optimizer.state_dict()  # every rank: works
+    return len(state["state"])
+
+
+def test_rank0_only_sharded_optimizer_state_dict_fails_fast():
+    counts = run_workers(rank0_only_optimizer_state_worker, 2, deadline=120)
+    assert counts[0] == counts[1] > 0
