@@ -7,7 +7,6 @@ import io
 import json
 import os
 import time
-import traceback
 
 import pytest
 import torch
@@ -20,31 +19,17 @@ from dearcomm._module import DearModule
 from dearcomm._options import INT64_MAX, WrapOptions
 from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
-from tests.test_parity import SCHEDULES, make_optimizer
+from tests.test_parity import make_optimizer
+from tests.test_training_features import assert_same_parameters
+from tests.test_training_features import each_schedule as each_schedule_on_rank
+from tests.test_user_loops import assert_no_failures
 
-TOL = dict(rtol=1e-5, atol=1e-6)
 GLOBAL_BATCH = 12
-
-
-def assert_same_parameters(model, reference, what):
-    torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()), **TOL,
-                               msg=lambda m: f"{what}: {m}")
 
 
 def each_schedule(fn):
     """Runs fn(schedule, update) for every schedule; collects failures by name."""
-    failures = {}
-    for schedule, update in SCHEDULES:
-        try:
-            fn(schedule, update)
-        except Exception:
-            failures[f"{schedule}-{update}"] = traceback.format_exc()
-    return failures
-
-
-def assert_no_failures(results):
-    for rank, failures in enumerate(results):
-        assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())
+    return each_schedule_on_rank(None, None, fn)
 
 
 # ---- item 7: a rank with another model raises at wrap(), on every rank ---------------

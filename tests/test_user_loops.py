@@ -17,7 +17,7 @@ from torch import nn
 import dearcomm
 from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
-from tests.test_parity import SCHEDULES, make_optimizer
+from tests.test_parity import make_optimizer
 from tests.test_training_features import TOL, assert_same_parameters, each_schedule
 
 GLOBAL_BATCH = 12
