@@ -3,12 +3,15 @@
 // Work while this thread waits, and holding it then deadlocks.
 #include "backend_capsule.h"
 #include "backends/cpu/process_group_backend.h"
+#include "backends/cpu/python_tls.h"
 #include "engine/bucket_layout.h"
 #include "engine/engine.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
+
+#include <optional>
 
 namespace py = pybind11;
 using namespace dearcomm;
@@ -138,6 +141,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("process_group_backend", [](c10::intrusive_ptr<c10d::ProcessGroup> group) {
     return backend_to_capsule(std::make_shared<ProcessGroupBackend>(std::move(group)));
   }, py::arg("process_group"), "The c10d backend over a process group, as a capsule.");
+  // `with _C.no_python_tls():` around Python-level collectives issued during
+  // backward (the runtime's first-backward set-up): see python_tls.h.
+  struct NoPythonTLS {
+    std::optional<WithoutPythonTLS> guard;
+  };
+  py::class_<NoPythonTLS>(m, "no_python_tls")
+      .def(py::init<>())
+      .def("__enter__", [](NoPythonTLS& self) { self.guard.emplace(); })
+      .def("__exit__", [](NoPythonTLS& self, const py::args&) { self.guard.reset(); });
   py::class_<PyPending>(m, "PendingCollective")
       .def("wait", &PyPending::wait, py::arg("timeout_seconds") = 1800.0, release(),
            "CPU: blocks until done. NCCL: orders the current stream after the collective.");

@@ -152,7 +152,8 @@ class DearRuntime:
         if not self.sync_gradients:
             return  # accumulating: .grad sums micro-batches, the last backward communicates
         if self.engine is None:
-            self._build_engine()
+            with _C.no_python_tls():  # its collectives' Works must not keep backward's Python objects
+                self._build_engine()
         if not self._end_of_backward_queued:
             self._end_of_backward_queued = True
             if self._unreported:

@@ -1,5 +1,7 @@
 #include "process_group_backend.h"
 
+#include "python_tls.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -102,6 +104,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBackend::exchange(
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
+  WithoutPythonTLS no_python_objects;  // in the Works and their futures' callbacks: see python_tls.h
   const int64_t p = world_size();
   const int64_t shard = output.numel();
   TORCH_CHECK(input.numel() == shard * p,
@@ -126,6 +129,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at:
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
+  WithoutPythonTLS no_python_objects;  // in the Works and their futures' callbacks: see python_tls.h
   const int64_t p = world_size();
   const int64_t shard = input.numel();
   TORCH_CHECK(output.numel() == shard * p,
@@ -139,6 +143,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Ten
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {
+  WithoutPythonTLS no_python_objects;  // in the Work and its future's callbacks: see python_tls.h
   std::vector<at::Tensor> tensors{buffer};
   return std::make_unique<WorkHandle>(std::vector<c10::intrusive_ptr<c10d::Work>>{group_->allreduce(tensors)},
                                       "all-reduce");

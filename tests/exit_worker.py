@@ -1,0 +1,46 @@
+"""One rank of a short dearcomm job that trains a few steps and exits, for
+tests/test_exit.py. Launched like torchrun does (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT in the environment); all that matters is its exit code.
+
+    python tests/exit_worker.py --schedule wfbp [--update replicated] [--steps 3] [--sync] [--destroy]
+"""
+import argparse
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dearcomm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--schedule", choices=["dear", "wfbp"], default="dear")
+    parser.add_argument("--update", choices=["sharded", "replicated"], default=None)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--sync", action="store_true", help="model.sync() before exiting")
+    parser.add_argument("--destroy", action="store_true", help="dist.destroy_process_group() before exiting")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    # Many small tensors and one bucket per tensor: many collectives in flight
+    # at the end of the last step, the moment the process starts to exit.
+    model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(32, 32), nn.Tanh())])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=args.schedule, update=args.update)
+    for _ in range(args.steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 32)).square().mean().backward()
+        optimizer.step()
+    if args.sync:
+        model.sync()
+    if args.destroy:
+        dist.destroy_process_group()
+    # and exit straight away: no sleep, no barrier
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Short jobs must exit with code 0.
+
+A job that trained correctly used to die now and then with SIGABRT
+("terminate called without an active exception") while the interpreter was
+finalizing; csrc/backends/cpu/python_tls.h says why. These tests launch many
+short 2-rank jobs (tests/exit_worker.py, started the way torchrun starts them)
+several at a time, so that the ranks compete for the cores as in the failing
+runs, and require every exit code to be 0.
+
+Also a stress tool: python -m tests.test_exit --runs 150 --parallel 3
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+import torch
+
+from tests.multiprocess import free_port, run_workers
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "exit_worker.py"
+CONFIGS = [  # every abort seen before the fix was in a wfbp job: gloo all-reduces launched in backward
+    ["--schedule", "dear"],  # sharded; all-gathers still in flight at exit
+    ["--schedule", "wfbp"],
+    ["--schedule", "dear", "--update", "replicated", "--destroy"],
+    ["--schedule", "wfbp", "--sync", "--destroy"],
+    ["--schedule", "dear", "--sync", "--destroy"],
+    ["--schedule", "wfbp", "--destroy"],
+]
+RUN_TIMEOUT = 90.0  # seconds for one job, both ranks
+
+_ports_lock = threading.Lock()
+_ports_used = set()
+
+
+def _port() -> int:
+    with _ports_lock:  # jobs run concurrently: never hand out one port twice
+        while True:
+            port = free_port()
+            if port not in _ports_used:
+                _ports_used.add(port)
+                return port
+
+
+def run_job(args: List[str], world_size: int = 2, timeout: float = RUN_TIMEOUT,
+            pythonpath: Optional[str] = None) -> List[Tuple[int, int, str]]:
+    """Runs one job; returns (rank, exit code, stderr) per rank. A rank that
+    outlives `timeout` is killed and reported with exit code None."""
+    port = _port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [pythonpath or str(ROOT), os.environ.get("PYTHONPATH")])))
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=env, cwd=ROOT,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    results = []
+    end = time.monotonic() + timeout
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=max(1.0, end - time.monotonic()))
+            results.append((rank, proc.returncode, err))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            results.append((rank, None, f"killed after {timeout:.0f} s (hang?)\n{err}"))
+    return results
+
+
+def run_many(runs: int, parallel: int, pythonpath: Optional[str] = None, progress: bool = False):
+    """Runs `runs` jobs cycling through CONFIGS, `parallel` at a time; returns
+    the failures as (run, config, rank, exit code, stderr)."""
+    failures = []
+
+    def one(i):
+        config = CONFIGS[i % len(CONFIGS)]
+        return i, config, run_job(config, pythonpath=pythonpath)
+
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        for done, future in enumerate(concurrent.futures.as_completed([pool.submit(one, i) for i in range(runs)]), 1):
+            i, config, results = future.result()
+            for rank, code, err in results:
+                if code != 0:
+                    failures.append((i, config, rank, code, err))
+            if progress:
+                print(f"\r{done}/{runs} jobs, {len({f[0] for f in failures})} failed", end="", flush=True)
+    if progress:
+        print()
+    return failures
+
+
+def describe(failures) -> str:
+    return "\n".join(f"--- job {i} {' '.join(config)}: rank {rank} exited with {code} ---\n{err[-3000:]}"
+                     for i, config, rank, code, err in failures)
+
+
+def test_short_jobs_all_exit_zero():
+    runs, parallel = int(os.environ.get("DEARCOMM_EXIT_RUNS", "20")), 3
+    failures = run_many(runs, parallel)
+    assert not failures, f"{len({f[0] for f in failures})} of {runs} jobs failed:\n{describe(failures)}"
+
+
+def _tls_probe(rank, world_size):
+    """For each schedule: how many references to the Python object that autograd
+    stashes in thread-local state during backward are still held, after that
+    backward, by the collectives it launched."""
+    from torch import nn
+
+    import dearcomm
+
+    held = {}
+    for schedule, update in [("wfbp", "replicated"), ("dear", "sharded"), ("dear", "replicated")]:
+        model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
+        stashed = []
+
+        def grab(param):
+            if torch._C._is_key_in_tls("context"):
+                stashed.append(torch._C._get_obj_in_tls("context"))
+
+        for step in range(3):
+            optimizer.zero_grad()
+            if step == 2:  # not the first backward, which builds the engine
+                handle = next(iter(model.parameters())).register_post_accumulate_grad_hook(grab)
+            model(torch.randn(4, 8)).sum().backward()
+            if step == 2:
+                handle.remove()
+                if not stashed:
+                    return None  # this torch stashes nothing during backward
+                # Backward has dropped its own reference; the reductions it
+                # launched are still pending (step() waits for them), so any
+                # reference left is held by one of them, i.e. by a gloo Work.
+                context = stashed.pop()
+                held[f"{schedule}/{update}"] = sys.getrefcount(context) - 2  # minus `context`, the argument
+            optimizer.step()
+    return held
+
+
+def test_collectives_hold_no_python_objects():
+    """The deterministic half of the test above: no Work launched during backward
+    holds a Python object, so whichever thread drops a Work last, at whatever
+    point of interpreter shutdown, never needs the GIL."""
+    held = run_workers(_tls_probe, 2)
+    if held[0] is None:
+        pytest.skip("this torch keeps no Python object in thread-local state during backward")
+    for rank, counts in enumerate(held):
+        assert not any(counts.values()), \
+            f"rank {rank}: references held by the collectives launched during backward: {counts}"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Runs many short jobs and counts those that do not exit with 0.")
+    parser.add_argument("--runs", type=int, default=150)
+    parser.add_argument("--parallel", type=int, default=3)
+    parser.add_argument("--pythonpath", default=None, help="where to import dearcomm from (default: this checkout)")
+    options = parser.parse_args()
+    start = time.monotonic()
+    failed = run_many(options.runs, options.parallel, options.pythonpath, progress=True)
+    print(describe(failed))
+    print(f"{len({f[0] for f in failed})} of {options.runs} jobs failed "
+          f"({len(failed)} ranks) in {time.monotonic() - start:.0f} s")
