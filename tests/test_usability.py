@@ -156,7 +156,7 @@ def copy_worker(rank, world_size):
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
         ema, ref_ema = copy.deepcopy(model), copy.deepcopy(reference)
         hooks_before = {name: list(sub._forward_pre_hooks.items()) for name, sub in model.named_modules()}
-        data = iter(batches(7, GLOBAL_BATCH))
+        data = iter(batches(8, GLOBAL_BATCH))
 
         def step():
             x, y = next(data)
@@ -183,6 +183,11 @@ def copy_worker(rank, world_size):
         loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
         assert_plain_copy(loaded, model, "torch.save")
         assert_same_parameters(loaded, reference, "torch.save")
+        # A deep copy of a submodule keeps dearcomm's hook, which must leave it
+        # alone, also while all-gathers are pending.
+        step()
+        fc = copy.deepcopy(model.fc)
+        fc(torch.randn(2, fc.in_features)).sum().backward()
 
         # The wrapped model is unchanged: its class, runtime and hooks, in order.
         assert isinstance(model, DearModule) and type(model).__name__ == "MixedNet"
