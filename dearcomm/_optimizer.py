@@ -89,7 +89,7 @@ class DistributedOptimizer(Optimizer):
             # Weakly: the engine's C++ side would otherwise keep this optimizer,
             # its runtime and the engine itself alive in a cycle no GC can see.
             update = weakref.WeakMethod(self._update_bucket)
-            engine.set_update_fn(lambda bucket: update()(bucket))
+            engine.set_update_fn(lambda bucket: update() and update()(bucket))  # a dropped optimizer updates nothing
 
     def _build_shard_optimizer(self, engine: _C.Engine, group_of: Dict) -> None:
         layout, rank = engine.layout, self._runtime.rank

@@ -245,6 +245,10 @@ class DearRuntime:
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
             self.options.comm_dtype,
         )
+        # A model dropped right after step() still has all-gathers in flight
+        # into the engine's buffers: they must finish before the engine goes.
+        self._drain = weakref.finalize(self._module, _drain, self.engine)
+        self._drain.atexit = False  # at exit the process group may be gone; nothing is read again anyway
         for module, params in readers.items():
             self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in params})
         for module, handle in list(self._forward_handles.items()):
@@ -323,6 +327,8 @@ class DearRuntime:
         """Finishes pending work and removes every hook; the engine and its
         buffers go with the last reference to them."""
         self.sync()
+        if self.engine is not None:
+            self._drain.detach()
         for handle in list(self._forward_handles.values()) + self._handles:
             handle.remove()
         self._forward_handles.clear()
@@ -331,6 +337,15 @@ class DearRuntime:
         self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
+
+
+def _drain(engine: _C.Engine) -> None:
+    """Waits for a dropped model's collectives (and, replicated, applies its
+    last update if the optimizer still exists)."""
+    try:
+        engine.flush()
+    except Exception as e:  # noqa: BLE001 - nobody is left to raise to
+        logger.warning("dearcomm: a dropped model's pending all-gathers failed: %s", e)
 
 
 class _UpdateHookHandle:

@@ -25,8 +25,10 @@ BUCKETS = (0, 25.0)  # one bucket per tensor, and the default
 
 
 def assert_no_failures(results):
-    for rank, failures in enumerate(results):
-        assert not failures, f"rank {rank}:\n" + "\n".join(f"--- {k}:\n{v}" for k, v in failures.items())
+    """Every rank's failures, since the first one may be a consequence of another rank's."""
+    report = [f"rank {rank}:\n" + "\n".join(f"--- {k}:\n{v}" for k, v in failures.items())
+              for rank, failures in enumerate(results) if failures]
+    assert not report, "\n".join(report)
 
 
 def each_schedule_and_bucket(rank, world_size, fn):
@@ -223,13 +225,20 @@ def test_rank0_only_state_dict_and_eval_then_barrier_do_not_hang():
 # ---- item 9: a dropped model is freed --------------------------------------------------
 
 def dropped_model_worker(rank, world_size):
+    """Dropped right after step(), while its all-gathers are still in flight
+    (rank 1 steps a second later): the model must wait for them before its
+    buffers go, then be freed; the next model trains correctly."""
+    import time
+
     def run(schedule, update):
         for explicit_close in (False, True):
-            model, optimizer, _, _ = wrapped_pair(schedule, update, 0)
-            for x, y in batches(2, GLOBAL_BATCH):
-                local_loss(model, x, y, rank, world_size).backward()
-                optimizer.step()
-                optimizer.zero_grad()
+            model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, 0)
+            for step, (x, y) in enumerate(batches(2, GLOBAL_BATCH)):
+                if step == 1 and rank == 1:
+                    time.sleep(1.0)
+                step_on_slice(model, optimizer, x, y, rank, world_size)
+                step_on_global_batch(reference, ref_opt, x, y)
+            expected = {n: p.detach().clone() for n, p in reference.named_parameters()}
             runtime, engine = model._dear, model._dear.engine
             refs = [weakref.ref(o) for o in (model, optimizer, runtime, engine)]
             if explicit_close:
@@ -237,10 +246,18 @@ def dropped_model_worker(rank, world_size):
                 assert runtime.engine is None
                 assert not any(m._forward_pre_hooks for m in model.modules())
                 assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+                torch.testing.assert_close(dict(model.named_parameters()), expected, **TOL)
             del model, optimizer, runtime, engine
             gc.collect()
             alive = [r() for r in refs if r() is not None]
             assert not alive, f"close={explicit_close}: still alive: {[type(o).__name__ for o in alive]}"
+        # The collectives of the next model are not disturbed by the dropped ones.
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, 0)
+        for x, y in batches(2, GLOBAL_BATCH):
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_opt, x, y)
+        model.sync()
+        assert_same_parameters(model, reference, "a model wrapped after a dropped one")
     return each_schedule(rank, world_size, run)
 
 
