@@ -86,3 +86,30 @@ def test_low_precision_stays_within_bound_of_fp32(comm_dtype, param_dtype):
                 baseline = single_process_bf16_distance()
                 assert difference <= 2 * baseline, \
                     f"{name}: {difference:.3g} from fp32, one process in bf16 is {baseline:.3g} from it"
+
+
+def fp16_range_worker(rank, world_size):
+    """Guards the fp16 pre-divide: every rank's gradient is 30000, so the sum
+    of three (90000) overflows fp16 (max 65504) while their mean does not; the
+    update must be the mean's, with no inf or NaN anywhere."""
+    results = {}
+    for schedule, update in SCHEDULES:
+        weight = torch.nn.Parameter(torch.zeros(16))
+        model = torch.nn.Module()
+        model.weight = weight
+        model.forward = lambda: (weight * 30000.0).sum()  # d/dweight = 30000 on every rank
+        optimizer = torch.optim.SGD([weight], lr=1e-4)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update,
+                                         comm_dtype=torch.float16)
+        model().backward()
+        optimizer.step()
+        model.sync()
+        results[f"{schedule}-{update}"] = weight.detach().clone()
+    return results
+
+
+def test_fp16_gradients_are_averaged_without_overflow():
+    for rank, results in enumerate(run_workers(fp16_range_worker, 3)):
+        for name, weight in results.items():
+            torch.testing.assert_close(weight, torch.full((16,), -3.0), rtol=1e-3, atol=0,
+                                       msg=lambda m: f"rank {rank}, {name}: {m}")

@@ -40,28 +40,33 @@ def each_schedule(rank, world_size, fn):
 # ---- clipping ---------------------------------------------------------------------
 
 def clipping_worker(rank, world_size):
+    """Method and option, L2 and the inf norm (whose global value needs a MAX
+    all-reduce of the shards' maxima: without it each rank clips by its own)."""
+    cases = [(False, 2.0, 0.3), (True, 2.0, 0.3), (False, float("inf"), 0.02)]
+
     def run(schedule, update):
-        for via_option in (False, True):
+        for via_option, norm_type, max_norm in cases:
+            what = f"option={via_option}, norm_type={norm_type}"
             torch.manual_seed(0)
             model = MixedNet()
             reference = copy.deepcopy(model)
             optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
             model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
-                                             max_grad_norm=0.3 if via_option else None)
+                                             max_grad_norm=max_norm if via_option else None)
             for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
                 F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
-                norm = None if via_option else optimizer.clip_grad_norm_(0.3)
+                norm = None if via_option else optimizer.clip_grad_norm_(max_norm, norm_type)
                 optimizer.step()
                 optimizer.zero_grad()
                 F.cross_entropy(reference(x), y).backward()
-                ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
-                assert ref_norm > 0.3, "the test must actually clip"
+                ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_type)
+                assert ref_norm > max_norm, f"{what}: the test must actually clip ({ref_norm})"
                 ref_opt.step()
                 ref_opt.zero_grad()
                 if norm is not None:
-                    torch.testing.assert_close(norm, ref_norm, **TOL)
+                    torch.testing.assert_close(norm, ref_norm, **TOL, msg=lambda m: f"{what}, norm: {m}")
                 model.sync()
-                assert_same_parameters(model, reference, f"step {step}, option={via_option}")
+                assert_same_parameters(model, reference, f"step {step}, {what}")
     return each_schedule(rank, world_size, run)
 
 
