@@ -120,3 +120,39 @@ def test_parity_with_single_process(world_size, cfg):
     for rank, results in enumerate(results_for(world_size)):
         failures = results[config_id(cfg)]
         assert not failures, f"rank {rank}:\n" + "\n".join(failures)
+
+
+def large_bucket_worker(rank, world_size):
+    """Guards the CPU exchange's piece loop: a 1000x700 weight in one 25 MiB
+    bucket sends each peer ~1.3 MiB (world size 2) or ~0.9 MiB (3), cut into
+    1 MiB pieces and a tail that is not a multiple of them. No other parity
+    test has a bucket above a few KiB."""
+    failures = {}
+    for schedule, update in SCHEDULES:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1000, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
+        reference = copy.deepcopy(model)
+        optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9) for m in (model, reference))
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=25.0, schedule=schedule, update=update)
+        g = torch.Generator().manual_seed(2)
+        for _ in range(3):
+            x, y = torch.randn(GLOBAL_BATCH, 1000, generator=g), torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)
+            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            F.cross_entropy(reference(x), y).backward()
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+        model.sync()
+        errors = []
+        compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), errors, 3,
+                dict(rtol=1e-5, atol=1e-6))
+        if errors:
+            failures[f"{schedule}-{update}"] = errors
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_parity_with_buckets_of_several_pieces(world_size):
+    for rank, failures in enumerate(run_workers(large_bucket_worker, world_size)):
+        assert not failures, f"rank {rank}: {failures}"
