@@ -316,3 +316,39 @@ def reorder_worker(rank, world_size):
 def test_forward_order_change_reads_no_stale_parameters():
     for rank, failures in enumerate(run_workers(reorder_worker, 2)):
         assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())
+
+
+# ---- overlap -------------------------------------------------------------------------
+
+def overlap_worker(rank, world_size):
+    """Guards the overlap itself: when fc's gradient arrives, in the middle of
+    backward, head's reduction must already be in flight while embed's bucket
+    is still filling: reductions start as buckets complete, not when backward
+    ends or when the last gradient arrives."""
+    from dearcomm import _C
+
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = MixedNet()
+        optimizer = make_optimizer("sgd", model)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
+        seen = []
+
+        def bucket_of(param):
+            return model._dear.engine.layout.params[model._dear.index[param]].bucket
+
+        def check(param):
+            engine = model._dear.engine
+            seen.append((engine.bucket_state(bucket_of(model.head.weight)),
+                         engine.bucket_state(bucket_of(model.embed.weight))))
+
+        model.fc.weight.register_post_accumulate_grad_hook(check)
+        for x, y in batches(2, GLOBAL_BATCH):
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+        assert seen == [(_C.BucketState.REDUCING, _C.BucketState.FILLING)] * 2, seen
+    return each_schedule(rank, world_size, run)
+
+
+def test_reductions_are_in_flight_while_backward_runs():
+    for rank, failures in enumerate(run_workers(overlap_worker, 2)):
+        assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())
