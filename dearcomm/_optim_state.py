@@ -39,7 +39,7 @@ def _is_per_element(value: Any, numel: int) -> bool:
 def consolidate(optimizer) -> Dict[str, Any]:
     runtime, inner = optimizer._runtime, optimizer._shard_optimizer
     group = runtime.group
-    _every_rank_arrives(runtime, "optimizer.state_dict()")
+    _every_rank_arrives(optimizer, "optimizer.state_dict()")
     layout = runtime.engine.layout
     pieces: List[Piece] = optimizer._pieces
     local = {piece.master: (inner.state.get(piece.master, {}) if inner is not None else {}) for piece in pieces}
@@ -97,27 +97,27 @@ def consolidate(optimizer) -> Dict[str, Any]:
 ARRIVAL_SECONDS = 120.0
 
 
-def _every_rank_arrives(runtime, what: str) -> None:
+def _every_rank_arrives(optimizer, what: str) -> None:
     """The consolidated state is gathered from every rank. DDP scripts often
     call optimizer.state_dict() on rank 0 alone (DDP's is local), which here
     would wait in the gather for the whole collective timeout; a short
     rendezvous through the store turns that into an error that says so."""
+    runtime = optimizer._runtime
     store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
-    runtime.arrivals = getattr(runtime, "arrivals", 0) + 1
     ranks = ",".join(map(str, dist.get_process_group_ranks(runtime.group)))
-    key = f"dearcomm/arrivals/{ranks}/{runtime.arrivals}"
+    key = f"dearcomm/arrivals/{ranks}/{optimizer._consolidations + 1}"
     store.add(key, 1)
     limit = min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
     deadline = time.monotonic() + limit
     while store.add(key, 0) < runtime.world_size:
         if time.monotonic() > deadline:
             store.add(key, -1)  # not arrived after all: a later call on every rank uses this key again
-            runtime.arrivals -= 1
             raise RuntimeError(
                 f"dearcomm: [rank {runtime.rank}] {what} with update='sharded' gathers every rank's shard, but only "
                 f"{store.add(key, 0)} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
                 "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank.")
         time.sleep(0.01)
+    optimizer._consolidations += 1
 
 
 def _to_cpu(value):

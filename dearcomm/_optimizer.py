@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -34,7 +33,7 @@ from torch.optim import Optimizer
 
 from . import _C
 from ._optim_state import Piece, consolidate, load_consolidated
-from ._runtime import DearRuntime
+from ._runtime import DearRuntime, weakly
 
 # GradScaler warns on every step that it will stop passing itself to optimizers
 # that handle scaling; until it does, that argument is the only way to give
@@ -55,6 +54,7 @@ class DistributedOptimizer(Optimizer):
         self._bucket_grads: List[List[tuple]] = []      # [bucket] -> (param, averaged-gradient view)
         self._pending_state: Optional[Dict[str, Any]] = None  # loaded before the engine existed
         self._step_hyperparameters: List[Dict[str, Any]] = []  # replicated dear: of the last step()
+        self._consolidations = 0  # completed consolidated state_dict() calls: names their rendezvous
         runtime.on_engine_built.append(self._on_engine_built)
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
@@ -86,10 +86,7 @@ class DistributedOptimizer(Optimizer):
                     gathered = engine.gathered_grads(slot.bucket)
                     self._bucket_grads[slot.bucket].append(
                         (param, gathered[slot.offset:slot.offset + slot.numel].view(param.shape)))
-            # Weakly: the engine's C++ side would otherwise keep this optimizer,
-            # its runtime and the engine itself alive in a cycle no GC can see.
-            update = weakref.WeakMethod(self._update_bucket)
-            engine.set_update_fn(lambda bucket: update() and update()(bucket))  # a dropped optimizer updates nothing
+            engine.set_update_fn(weakly(self._update_bucket))  # a dropped optimizer updates nothing
 
     def _build_shard_optimizer(self, engine: _C.Engine, group_of: Dict) -> None:
         layout, rank = engine.layout, self._runtime.rank

@@ -57,20 +57,24 @@ def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
         return dist.default_pg_timeout
 
 
-def _weak_hook(method):
-    """A hook that calls ``method`` while its object lives and is skipped by
-    torch.compile. Holding the runtime strongly from a parameter's hook would
-    keep it, its engine and every bucket buffer alive for ever: the engine's
-    C++ side references the parameters, which hides the cycle from Python's
-    garbage collector."""
+def weakly(method):
+    """A function that calls ``method`` while its object lives, and does
+    nothing after. For callbacks held by parameters or by the engine: holding
+    their object strongly would keep the runtime, its engine and every bucket
+    buffer alive for ever, as the engine's C++ side references the parameters,
+    which hides the cycle from Python's garbage collector."""
     ref = weakref.WeakMethod(method)
 
-    @torch.compiler.disable
-    def hook(*args):
+    def call(*args):
         bound = ref()
         return bound(*args) if bound is not None else None
 
-    return hook
+    return call
+
+
+def _weak_hook(method):
+    """A weak hook (see weakly) that torch.compile skips."""
+    return torch.compiler.disable(weakly(method))
 
 
 class DearRuntime:
@@ -329,7 +333,7 @@ class DearRuntime:
         self.sync()
         if self.engine is not None:
             self._drain.detach()
-        for handle in list(self._forward_handles.values()) + self._handles:
+        for handle in self.hook_handles():
             handle.remove()
         self._forward_handles.clear()
         self._handles.clear()

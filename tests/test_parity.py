@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice
+from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
 STEPS = 7
@@ -137,12 +137,8 @@ def large_bucket_worker(rank, world_size):
         g = torch.Generator().manual_seed(2)
         for _ in range(3):
             x, y = torch.randn(GLOBAL_BATCH, 1000, generator=g), torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)
-            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            F.cross_entropy(reference(x), y).backward()
-            ref_optimizer.step()
-            ref_optimizer.zero_grad()
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_optimizer, x, y)
         model.sync()
         errors = []
         compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), errors, 3,
