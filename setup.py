@@ -76,7 +76,7 @@ def cuda_part():
 extensions = [
     CppExtension(
         "dearcomm._C",
-        sources("bindings.cpp", "engine/*.cpp", "backends/cpu/*.cpp"),
+        sources("bindings.cpp", "common_testing.cpp", "common/*.cpp", "engine/*.cpp", "backends/cpu/*.cpp"),
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": CXX_FLAGS},
     )
@@ -87,7 +87,7 @@ if nccl is not None:
     extensions.append(
         CUDAExtension(
             "dearcomm._C_cuda",
-            sources("cuda_bindings.cpp", "backends/nccl/*.cpp", "kernels/*.cu"),
+            sources("cuda_bindings.cpp", "common/*.cpp", "backends/nccl/*.cpp", "kernels/*.cu"),
             include_dirs=[os.path.join(ROOT, "csrc"), nccl_include],
             library_dirs=[nccl_lib],
             # The wheel ships only libnccl.so.2; the rpaths find it installed

@@ -16,6 +16,10 @@
 namespace py = pybind11;
 using namespace dearcomm;
 
+namespace dearcomm {
+void register_testing(py::module& parent);  // common_testing.cpp
+}
+
 namespace {
 
 c10::ScalarType to_scalar_type(const py::handle& dtype) {
@@ -83,6 +87,7 @@ std::shared_ptr<Engine> make_engine(
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  register_testing(m);
   m.doc() = "dearcomm engine: fused buckets, decoupled reduce-scatter / all-gather schedules";
 
   py::class_<ParamSlot>(m, "ParamSlot")

@@ -35,7 +35,12 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("nccl_version", &nccl_version_string);
   m.def("nccl_backend", &make_nccl_backend, py::arg("store"), py::arg("key_prefix"), py::arg("rank"),
         py::arg("world_size"), py::arg("device"), py::arg("timeout_seconds"),
-        "Creates the NCCL backend (two communicators, two streams) as a capsule for dearcomm._C.Engine.");
+        "Creates the NCCL backend (one communicator, one stream) as a capsule for dearcomm._C.Engine.");
+  m.def("events_created", [](const py::capsule& capsule) {
+    const auto* backend = dynamic_cast<const NcclBackend*>(backend_from_capsule(capsule).get());
+    TORCH_CHECK_TYPE(backend != nullptr, "dearcomm: events_created takes an NCCL backend");
+    return backend->events_created();
+  }, py::arg("backend"), "CUDA events the backend created so far (pooled; for tests).");
   m.def("fused_copy", &fused_copy, py::arg("sources"), py::arg("destinations"), py::arg("scale") = 1.0,
         py::call_guard<py::gil_scoped_release>(),
         "destinations[i] = cast(scale * sources[i]); contiguous fp32/fp16/bf16 pairs in one kernel launch.");

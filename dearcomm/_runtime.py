@@ -51,10 +51,14 @@ UpdateHook = Callable[[List[Tuple[str, nn.Parameter]]], None]
 
 
 def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
-    try:
-        return group._get_backend(torch.device("cpu")).options._timeout
-    except (AttributeError, RuntimeError):
-        return dist.default_pg_timeout
+    """The timeout the group was created with. An NCCL group has no CPU
+    backend and a gloo group no CUDA one: ask each device type's backend."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
 def weakly(method):

@@ -1,18 +1,31 @@
 #include "nccl_backend.h"
 
+#include "../../common/bounded_teardown.h"
 #include "../../kernels/spin.h"
+#include "cuda_completion.h"
 #include "fused_copy.h"
 #include "nccl_check.h"
 
 #include <ATen/ATen.h>
+#include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 namespace dearcomm {
 namespace {
+
+using namespace std::chrono_literals;
+
+// The watchdog's poll period: it only has to notice timeouts and errors (no
+// result waits for it), so a coarse period costs nothing.
+constexpr auto kWatchdogPoll = 20ms;
+// How long the watchdog waits for the training thread to leave an NCCL call
+// before it gives up on an orderly abort (Note [Failure]).
+constexpr auto kAbortLockWait = 10s;
 
 ncclDataType_t nccl_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -41,24 +54,72 @@ ncclComm_t create_comm(const c10::intrusive_ptr<c10d::Store>& store, const std::
   return comm;
 }
 
-// A collective in flight: wait() orders the caller's current stream after it.
-class NcclPending final : public PendingCollective {
- public:
-  NcclPending(std::shared_ptr<CompletionEvent> done, const Watchdog* watchdog)
-      : done_(std::move(done)), watchdog_(watchdog) {}
+int64_t env_int(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::atoll(value) : 0;
+}
 
-  void wait(std::chrono::milliseconds /*timeout: enforced by the Watchdog*/) override {
-    watchdog_->check();
-    // E2 of Note [Stream order]: device-side wait, the host goes on.
-    DEARCOMM_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), done_->get(), 0));
+OnFailure on_failure_from_environment() {
+  const char* value = std::getenv("DEARCOMM_NCCL_FAILURE");
+  const std::string mode = value ? value : "terminate";
+  TORCH_CHECK_VALUE(mode == "terminate" || mode == "raise",
+      "dearcomm: DEARCOMM_NCCL_FAILURE must be 'terminate' (default: end the process when a collective fails or "
+      "times out) or 'raise' (abort the communicator and raise at the next call), got '", mode, "'");
+  return mode == "raise" ? OnFailure::kRaise : OnFailure::kTerminate;
+}
+
+// The host never waits on the GPU while holding the GIL: teardown may poll
+// for up to the timeout, and a Python thread may be needed meanwhile.
+class GilRelease {
+ public:
+  GilRelease() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilRelease() {
+    if (state_ != nullptr) {
+      PyEval_RestoreThread(state_);
+    }
   }
 
  private:
-  std::shared_ptr<CompletionEvent> done_;
-  const Watchdog* watchdog_;
+  PyThreadState* state_;
+};
+
+// A collective in flight: wait() orders the compute stream after it.
+class NcclPending final : public PendingCollective {
+ public:
+  NcclPending(std::shared_ptr<void> done, std::shared_ptr<Watchdog> watchdog, c10::DeviceIndex device,
+              bool drop_edge)
+      : done_(std::move(done)), watchdog_(std::move(watchdog)), device_(device), drop_edge_(drop_edge) {}
+
+  void wait(std::chrono::milliseconds /*timeout: enforced by the Watchdog*/) override {
+    watchdog_->check();
+    if (drop_edge_) {
+      return;  // DEARCOMM_DEBUG_DROP_EDGE=done: a negative control for the tests
+    }
+    // E2 of Note [Stream order]: device-side wait, the host goes on. The
+    // parameters' device's stream, whatever device is current here.
+    DEARCOMM_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), as_event(done_), 0));
+  }
+
+ private:
+  std::shared_ptr<void> done_;
+  std::shared_ptr<Watchdog> watchdog_;
+  c10::DeviceIndex device_;
+  bool drop_edge_;
 };
 
 }  // namespace
+
+NcclDebugOptions NcclDebugOptions::from_environment() {
+  NcclDebugOptions options;
+  options.stream_delay_cycles = env_int("DEARCOMM_DEBUG_STREAM_DELAY_CYCLES");
+  options.compute_delay_cycles = env_int("DEARCOMM_DEBUG_COMPUTE_DELAY_CYCLES");
+  if (const char* edge = std::getenv("DEARCOMM_DEBUG_DROP_EDGE")) {
+    options.drop_edge = edge;
+  }
+  TORCH_CHECK_VALUE(options.drop_edge.empty() || options.drop_edge == "ready" || options.drop_edge == "done",
+      "dearcomm: DEARCOMM_DEBUG_DROP_EDGE must be 'ready' or 'done', got '", options.drop_edge, "'");
+  return options;
+}
 
 std::string nccl_version_string() {
   int version = 0;
@@ -73,27 +134,60 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
     : rank_(rank),
       world_size_(world_size),
       device_(device),
-      rs_{nullptr, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)},
-      ag_{nullptr, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)} {
+      timeout_(timeout),
+      debug_(NcclDebugOptions::from_environment()),
+      on_failure_(on_failure_from_environment()),
+      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
+      events_(make_cuda_event_pool()) {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
-  if (const char* delay = std::getenv("DEARCOMM_DEBUG_STREAM_DELAY_CYCLES")) {
-    debug_delay_cycles_ = std::atoll(delay);
-  }
   const c10::cuda::CUDAGuard guard(device_);
-  rs_.comm = create_comm(store, key_prefix + "/reduce_scatter", rank, world_size);
-  ag_.comm = create_comm(store, key_prefix + "/all_gather", rank, world_size);
-  watchdog_ = std::make_unique<Watchdog>(std::vector<ncclComm_t>{rs_.comm, ag_.comm}, timeout, rank);
+  comm_ = create_comm(store, key_prefix + "/comm", rank, world_size);
+  WatchdogHooks hooks;
+  // A thread starts on device 0: querying events there would create a
+  // context on GPU 0 for every rank (~0.5 GiB each).
+  hooks.on_thread_start = [device] { cudaSetDevice(device); };
+  hooks.async_error = [comm = comm_]() -> std::string {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess) {
+      return ncclGetErrorString(async);
+    }
+    return "";
+  };
+  hooks.on_failure = [this](const std::string& reason) { on_failure(reason); };
+  hooks.consequence = on_failure_ == OnFailure::kRaise ? "; the NCCL communicator was aborted"
+                                                       : "; the NCCL communicator was aborted and the process ended";
+  watchdog_ = std::make_shared<Watchdog>(timeout, kWatchdogPoll, rank, std::move(hooks));
+}
+
+void NcclBackend::on_failure(const std::string& reason) {
+  std::unique_lock<std::timed_mutex> lock(nccl_mutex_, std::defer_lock);
+  const bool serialised = lock.try_lock_for(kAbortLockWait);
+  if (serialised) {
+    // Unblocks every kernel of the communicator; it is unusable after.
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  if (on_failure_ == OnFailure::kTerminate || !serialised) {
+    std::fprintf(stderr, "dearcomm: [rank %d] %s; %s. Ending the process (set DEARCOMM_NCCL_FAILURE=raise to "
+                 "raise instead).\n", rank_, reason.c_str(),
+                 serialised ? "the NCCL communicator was aborted"
+                            : "the training thread did not leave an NCCL call, so it could not be aborted");
+    std::fflush(stderr);
+    std::abort();
+  }
 }
 
 NcclBackend::~NcclBackend() {
-  const bool aborted = watchdog_ && watchdog_->failed();
-  watchdog_.reset();
-  if (!aborted) {
-    // Orderly: let enqueued collectives finish on every rank, then free.
-    for (Channel* channel : {&rs_, &ag_}) {
-      cudaStreamSynchronize(channel->stream.stream());
-      ncclCommDestroy(channel->comm);
-    }
+  const GilRelease no_gil;
+  const c10::cuda::CUDAGuard guard(device_);
+  TeardownSteps steps;
+  steps.idle = [this] { return cudaStreamQuery(stream_.stream()) == cudaSuccess; };
+  steps.destroy = [this] { ncclCommDestroy(comm_); };
+  steps.abort = [this] { ncclCommAbort(comm_); };
+  const Teardown outcome = bounded_teardown(*watchdog_, steps, timeout_, kWatchdogPoll);
+  if (outcome == Teardown::kAbortedAfterGrace) {
+    std::fprintf(stderr, "dearcomm: [rank %d] collectives still in flight %lld ms after the backend was dropped; "
+                 "the NCCL communicator was aborted\n", rank_, static_cast<long long>(timeout_.count()));
   }
 }
 
@@ -101,49 +195,73 @@ std::string NcclBackend::name() const {
   return "nccl " + nccl_version_string();
 }
 
+void NcclBackend::check_tensor(const at::Tensor& t, const char* what, const char* role) const {
+  TORCH_CHECK_VALUE(t.is_cuda() && t.device().index() == device_, "dearcomm: ", what, " ", role, " is on ",
+                    t.device(), ", but this NCCL backend runs on cuda:", static_cast<int>(device_));
+  TORCH_CHECK_VALUE(t.is_contiguous(), "dearcomm: ", what, " ", role, " must be contiguous");
+  nccl_dtype(t);  // raises for a dtype NCCL does not carry
+}
+
 std::unique_ptr<PendingCollective> NcclBackend::enqueue(
-    Channel& channel, const char* what, const std::vector<at::Tensor>& touched,
+    const char* what, const std::vector<at::Tensor>& touched,
     const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op) {
-  watchdog_->check();
   const c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
+  std::lock_guard<std::timed_mutex> lock(nccl_mutex_);  // Note [Failure]: no abort between check and call
+  watchdog_->check();
+  TORCH_CHECK(!aborted_, "dearcomm: [rank ", rank_, "] the NCCL communicator was aborted");
   // E1 of Note [Stream order]: the collective starts after everything the
-  // caller's stream has enqueued so far (the pack, the optimizer).
-  CompletionEvent ready;
-  DEARCOMM_CUDA_CHECK(cudaEventRecord(ready.get(), c10::cuda::getCurrentCUDAStream(device_).stream()));
-  DEARCOMM_CUDA_CHECK(cudaStreamWaitEvent(channel.stream.stream(), ready.get(), 0));
+  // compute stream has enqueued so far (the pack, the optimizer).
+  if (debug_.compute_delay_cycles > 0) {
+    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.compute_delay_cycles, compute));
+  }
+  const std::shared_ptr<void> ready = events_->acquire();
+  DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(ready), compute));
+  if (debug_.drop_edge != "ready") {
+    DEARCOMM_CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), as_event(ready), 0));
+  }
   for (const at::Tensor& t : touched) {
     // Note [Buffer lifetime]
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), channel.stream);
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
   }
-  if (debug_delay_cycles_ > 0) {
-    DEARCOMM_CUDA_CHECK(kernels::spin(debug_delay_cycles_, channel.stream.stream()));
+  if (debug_.stream_delay_cycles > 0) {
+    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.stream_delay_cycles, stream_.stream()));
   }
-  DEARCOMM_NCCL_CHECK(op(channel.comm, channel.stream.stream()));
-  auto done = std::make_shared<CompletionEvent>();
-  DEARCOMM_CUDA_CHECK(cudaEventRecord(done->get(), channel.stream.stream()));
-  watchdog_->watch(done, what);
-  return std::make_unique<NcclPending>(std::move(done), watchdog_.get());
+  DEARCOMM_NCCL_CHECK(op(comm_, stream_.stream()));
+  std::shared_ptr<void> done = events_->acquire();
+  DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(done), stream_.stream()));
+  watchdog_->watch(std::make_shared<CudaCompletion>(done), what);
+  return std::make_unique<NcclPending>(std::move(done), watchdog_, device_, debug_.drop_edge == "done");
 }
 
 std::unique_ptr<PendingCollective> NcclBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
-  TORCH_CHECK(input.numel() == output.numel() * world_size_,
+  check_tensor(input, "reduce_scatter", "input");
+  check_tensor(output, "reduce_scatter", "output");
+  TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "dearcomm: reduce_scatter input is ",
+                   input.scalar_type(), " but output is ", output.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * world_size_,
       "dearcomm: reduce_scatter input has ", input.numel(), " elements, expected ", output.numel() * world_size_);
-  return enqueue(rs_, "reduce-scatter", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
+  return enqueue("reduce-scatter", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
     return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_dtype(input), ncclSum, comm,
                              stream);
   });
 }
 
 std::unique_ptr<PendingCollective> NcclBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
-  TORCH_CHECK(output.numel() == input.numel() * world_size_,
+  check_tensor(input, "all_gather", "input");
+  check_tensor(output, "all_gather", "output");
+  TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "dearcomm: all_gather input is ",
+                   input.scalar_type(), " but output is ", output.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * world_size_,
       "dearcomm: all_gather output has ", output.numel(), " elements, expected ", input.numel() * world_size_);
-  return enqueue(ag_, "all-gather", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
+  return enqueue("all-gather", {input, output}, [&](ncclComm_t comm, cudaStream_t stream) {
     return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_dtype(input), comm, stream);
   });
 }
 
 std::unique_ptr<PendingCollective> NcclBackend::all_reduce(const at::Tensor& buffer) {
-  return enqueue(rs_, "all-reduce", {buffer}, [&](ncclComm_t comm, cudaStream_t stream) {
+  check_tensor(buffer, "all_reduce", "buffer");
+  return enqueue("all-reduce", {buffer}, [&](ncclComm_t comm, cudaStream_t stream) {
     return ncclAllReduce(buffer.data_ptr(), buffer.data_ptr(), buffer.numel(), nccl_dtype(buffer), ncclSum, comm,
                          stream);
   });

@@ -1,50 +1,70 @@
 // NCCL backend: the engine's primitives on GPUs, with dearcomm's own
-// communicators and streams, ordered by CUDA events; the host never waits.
+// communicator and stream, ordered by CUDA events; the host never waits.
 //
-// One iteration, three lanes (schedule "dear", buckets 0..2 in forward order):
+// One iteration, two lanes (schedule "dear", buckets 0..2 in forward order):
 //
 //   compute | F0 F1 F2 | B2 pack2 B1 pack1 B0 pack0 | wait RS, /p, opt(shard) | F0 F1 F2 ...
-//   RS      |          |      [RS2]      [RS1]    [RS0]                       |
-//   AG      |          |                               (E3)[AG0]   [AG1]  [AG2]
-//                                                            ^E4 F0 waits  ^E4 F1 waits
+//   comm    |          |      [RS2]      [RS1]    [RS0]  (E1)[AG0] [AG1] [AG2]
+//                                                             ^E2 F0 waits ^E2 F1 waits
 //
 // Note [Stream order] - every cross-stream edge is one CUDA event:
-//   E1 compute -> RS/AG stream: recorded on the current stream when a
+//   E1 compute -> comm stream ("ready"): recorded on the compute stream when a
 //      collective is enqueued (after the pack kernel, or after the optimizer
-//      wrote the shard), waited by the collective's stream before NCCL reads.
-//   E2 collective stream -> compute: recorded after the collective; wait()
-//      makes the current stream wait on it (finish_reductions in step(), a
+//      wrote the shard), waited by the comm stream before NCCL reads.
+//   E2 comm stream -> compute ("done"): recorded after the collective; wait()
+//      makes the compute stream wait on it (finish_reductions in step(), a
 //      module's forward pre-hook for all-gathers). Never a host synchronize.
+// "Compute stream" is the current stream of the backend's device, whatever
+// device is current on the calling thread.
 // Note [Buffer lifetime] - tensors a collective touches are recorded on its
 // stream (recordStream), so the caching allocator never hands their memory out
 // while the collective may still read or write it.
-//
-// RS and AG have a communicator and a high-priority stream each, so the last
-// reduce-scatters and the first all-gathers can be in flight together.
-// Every rank enqueues on each communicator in the same order (the engine's
-// launch order). A Watchdog turns a stuck or failed collective into an error.
+// Note [One communicator] - reduce-scatters and all-gathers never overlap each
+// other: step() waits for every reduce-scatter before the first all-gather,
+// and the next backward's first reduction waits for every all-gather. So one
+// communicator on one (high-priority) stream serves both: a second would only
+// add memory, start-up time and the risk of cross-communicator deadlock.
+// Note [Failure] - a Watchdog polls each collective's "done" event. On a
+// timeout or an NCCL error it aborts the communicator, under the same lock
+// as every NCCL call (NCCL forbids concurrent calls on one communicator), and
+// then ends the process, as ProcessGroupNCCL does by default, since the GPU
+// queue may hold kernels that read garbage. DEARCOMM_NCCL_FAILURE=raise keeps
+// the process: every later call of the backend raises the failure instead.
 #pragma once
 
+#include "../../common/handle_pool.h"
+#include "../../common/watchdog.h"
 #include "../../engine/comm_backend.h"
-#include "watchdog.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <functional>
+#include <mutex>
 
 namespace dearcomm {
 
 std::string nccl_version_string();
 
+// Test switches, read from the environment once per backend. Each must change
+// no result while every edge of Note [Stream order] is in place.
+struct NcclDebugOptions {
+  int64_t stream_delay_cycles = 0;   // DEARCOMM_DEBUG_STREAM_DELAY_CYCLES: spin on the comm stream before each collective
+  int64_t compute_delay_cycles = 0;  // DEARCOMM_DEBUG_COMPUTE_DELAY_CYCLES: spin on the compute stream before E1
+  std::string drop_edge;             // DEARCOMM_DEBUG_DROP_EDGE=ready|done: a negative control, breaks results
+  static NcclDebugOptions from_environment();
+};
+
+enum class OnFailure { kTerminate, kRaise };
+
 class NcclBackend final : public CommBackend {
  public:
-  // Creates the communicators: rank 0 publishes NCCL unique ids under
+  // Creates the communicator: rank 0 publishes an NCCL unique id under
   // `key_prefix` in `store`; every rank of the group joins.
   NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key_prefix, int rank,
               int world_size, c10::DeviceIndex device, std::chrono::milliseconds timeout);
-  ~NcclBackend() override;
+  ~NcclBackend() override;  // bounded: see bounded_teardown.h
 
   std::string name() const override;
   int rank() const override { return rank_; }
@@ -58,26 +78,27 @@ class NcclBackend final : public CommBackend {
   void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
               const std::vector<at::Tensor>& destinations) override;
 
+  // For tests: CUDA events created so far (pooled: bounded by collectives in flight).
+  int64_t events_created() const { return events_->created(); }
+
  private:
-  // A communicator and the stream it is used from.
-  struct Channel {
-    ncclComm_t comm = nullptr;
-    c10::cuda::CUDAStream stream;
-  };
-
-  std::unique_ptr<PendingCollective> enqueue(Channel& channel, const char* what,
-                                             const std::vector<at::Tensor>& touched,
+  std::unique_ptr<PendingCollective> enqueue(const char* what, const std::vector<at::Tensor>& touched,
                                              const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op);
+  void check_tensor(const at::Tensor& t, const char* what, const char* role) const;
+  void on_failure(const std::string& reason);
 
-  int rank_;
-  int world_size_;
-  c10::DeviceIndex device_;
-  Channel rs_;  // reduce-scatter and all-reduce: fed by backward, drained by step()
-  Channel ag_;  // all-gather: fed by step(), drained by the next forward
-  std::unique_ptr<Watchdog> watchdog_;
-  // Tests only (DEARCOMM_DEBUG_STREAM_DELAY_CYCLES): delays every collective on
-  // its side stream, which must change no result if every wait is in place.
-  int64_t debug_delay_cycles_ = 0;
+  const int rank_;
+  const int world_size_;
+  const c10::DeviceIndex device_;
+  const std::chrono::milliseconds timeout_;
+  const NcclDebugOptions debug_;
+  const OnFailure on_failure_;
+  c10::cuda::CUDAStream stream_;
+  ncclComm_t comm_ = nullptr;
+  std::timed_mutex nccl_mutex_;  // every NCCL call on comm_, and its abort (Note [Failure])
+  bool aborted_ = false;         // guarded by nccl_mutex_
+  std::shared_ptr<HandlePool> events_;
+  std::shared_ptr<Watchdog> watchdog_;  // shared with pending handles, which may outlive the backend
 };
 
 }  // namespace dearcomm

@@ -1,0 +1,34 @@
+// CUDA events as the watchdog's completions, from a pool (two per collective
+// would otherwise be created and destroyed at every launch).
+#pragma once
+
+#include "../../common/handle_pool.h"
+#include "../../common/watchdog.h"
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+namespace dearcomm {
+
+// A pool of cudaEventDisableTiming events.
+std::shared_ptr<HandlePool> make_cuda_event_pool();
+
+inline cudaEvent_t as_event(const std::shared_ptr<void>& handle) {
+  return static_cast<cudaEvent_t>(handle.get());
+}
+
+// Done once the event's recorded work is. Queried in thread-local capture
+// mode, as ProcessGroupNCCL's watchdog does: a query from this thread must
+// not invalidate a CUDA-graph capture running on another.
+class CudaCompletion final : public Completion {
+ public:
+  explicit CudaCompletion(std::shared_ptr<void> event) : event_(std::move(event)) {}
+  Status poll(std::string* error) override;
+  cudaEvent_t event() const { return as_event(event_); }
+
+ private:
+  std::shared_ptr<void> event_;
+};
+
+}  // namespace dearcomm
