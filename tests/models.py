@@ -1,4 +1,6 @@
 """Models and data shared by the tests."""
+import math
+
 import torch
 from torch import nn
 
@@ -34,7 +36,17 @@ def batches(steps: int, global_batch: int, seed: int = 1):
         yield tokens, labels
 
 
+def global_batch(world_size: int, base: int = 12) -> int:
+    """The smallest multiple of `base` that every rank gets an equal share of
+    (12 at 2, 3 and 4 ranks; 24 at 8): with a remainder some ranks would
+    train on fewer samples than the reference."""
+    return base * world_size // math.gcd(base, world_size)
+
+
 def local_slice(tensor, rank: int, world_size: int):
+    if tensor.shape[0] % world_size:
+        raise ValueError(f"a global batch of {tensor.shape[0]} does not split evenly over {world_size} ranks; "
+                         f"use tests.models.global_batch(world_size)")
     n = tensor.shape[0] // world_size
     return tensor[rank * n:(rank + 1) * n]
 

@@ -18,11 +18,23 @@ def test_zero_cap_gives_one_bucket_per_parameter():
     assert all(p.offset == 0 for p in layout.params)
 
 
-def test_offsets_are_dense_in_forward_order():
+def test_offsets_follow_forward_order_aligned_to_8_elements():
+    """Guards against unaligned parameter starts: after one parameter of odd
+    size, every later one would be copied without vector accesses on GPU."""
     layout = plan([10, 3, 1, 700], 10**9, 2)
     assert len(layout.buckets) == 1
-    assert [p.offset for p in layout.params] == [0, 10, 13, 14]
-    assert layout.buckets[0].numel == 714
+    assert [p.offset for p in layout.params] == [0, 16, 24, 32]
+    assert layout.buckets[0].numel == 732
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16, torch.float16, torch.float64])
+def test_every_parameter_start_is_16_byte_aligned_in_a_2_byte_comm_dtype(dtype):
+    numels = [17, 1, 4099, 3, 8, 5]
+    layout = plan(numels, 10**9, 3, [dtype] * len(numels))
+    slots = list(layout.params)
+    assert all(s.offset * 2 % 16 == 0 and s.offset * dtype.itemsize % 16 == 0 for s in slots)
+    for a, b in zip(slots, slots[1:]):  # in order, never overlapping, gaps under 8 elements
+        assert a.offset + a.numel <= b.offset < a.offset + a.numel + 8
 
 
 def test_bucket_closes_once_it_reaches_the_cap():

@@ -13,11 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
+from tests.models import MixedNet, batches, global_batch, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
 STEPS = 7
-GLOBAL_BATCH = 12  # divisible by 2, 3 and 4
 SMALL_BUCKET_MB = 2048 / 2**20  # 2 KiB: a few parameters per bucket
 
 SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
@@ -59,9 +58,10 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
-                                     schedule=cfg["schedule"], update=cfg["update"])
+                                     schedule=cfg["schedule"], update=cfg["update"],
+                                     comm_dtype=cfg.get("comm_dtype"))
     failures = []
-    for step, (tokens, labels) in enumerate(batches(STEPS, GLOBAL_BATCH)):
+    for step, (tokens, labels) in enumerate(batches(STEPS, global_batch(world_size))):
         tokens, labels = tokens.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=step % 2 == 0)
         F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
@@ -136,7 +136,8 @@ def large_bucket_worker(rank, world_size):
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=25.0, schedule=schedule, update=update)
         g = torch.Generator().manual_seed(2)
         for _ in range(3):
-            x, y = torch.randn(GLOBAL_BATCH, 1000, generator=g), torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)
+            n = global_batch(world_size)
+            x, y = torch.randn(n, 1000, generator=g), torch.randint(0, 3, (n,), generator=g)
             step_on_slice(model, optimizer, x, y, rank, world_size)
             step_on_global_batch(reference, ref_optimizer, x, y)
         model.sync()

@@ -53,8 +53,9 @@ BucketLayout plan_buckets(
       open.first_param = static_cast<int64_t>(i);
       open.dtype = dtypes[i];
     }
-    layout.params.push_back(ParamSlot{static_cast<int64_t>(layout.buckets.size()), open.numel, numels[i]});
-    open.numel += numels[i];
+    const int64_t offset = round_up(open.numel, kParamAlignElements);
+    layout.params.push_back(ParamSlot{static_cast<int64_t>(layout.buckets.size()), offset, numels[i]});
+    open.numel = offset + numels[i];
     open.num_params += 1;
     const int64_t bytes = open.numel * static_cast<int64_t>(c10::elementSize(open.dtype));
     const int64_t cap = layout.buckets.empty() ? std::min(bucket_cap_bytes, kFirstBucketCapBytes) : bucket_cap_bytes;

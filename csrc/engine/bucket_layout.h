@@ -53,6 +53,14 @@ struct BucketLayout {
 // NCCL's fast paths need aligned chunks. The pad is never read as data.
 constexpr int64_t kShardAlignBytes = 64;
 
+// Every parameter starts at a multiple of this many elements inside its
+// bucket: 16 bytes in a 2-byte comm dtype (bf16/fp16), more in wider ones. The
+// fused copy kernel then moves every parameter with 16-byte vector accesses;
+// one odd-sized parameter would otherwise leave every later one scalar.
+// (Megatron-LM pads parameter starts in its buffers the same way.) The gaps
+// are zeros that are never written, so norms and updates ignore them.
+constexpr int64_t kParamAlignElements = 8;
+
 // Bucket 0 (the first layers) closes at min(cap, this). Its all-gather is the
 // one the next forward cannot hide (it starts after step() and the first module
 // needs it at once), and its reduce-scatter the one backward cannot hide (its

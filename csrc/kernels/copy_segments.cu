@@ -8,8 +8,8 @@ namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVector = 4;                                   // elements per vector access
-constexpr int64_t kChunk = int64_t{kThreads} * kVector * 4;  // elements per block: 4 vectors per thread
+constexpr int kMaxVector = 8;                                   // elements per vector access, at most
+constexpr int64_t kChunk = int64_t{kThreads} * kMaxVector * 2;  // elements per block: a multiple of every vector
 
 struct Launch {
   Segment segments[kMaxSegmentsPerLaunch];
@@ -33,8 +33,17 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
+// Elements per vector access: 16 bytes on the wider side (fp32: 4, fp16/bf16:
+// 8), so the wider side moves 16 bytes per access, the narrower 8 or 16.
+template <typename Src, typename Dst>
+constexpr int vector_width() {
+  return 16 / (sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst));
+}
+
 template <typename Src, typename Dst>
 __global__ void __launch_bounds__(kThreads) copy_segments_kernel(const __grid_constant__ Launch launch) {
+  constexpr int kVector = vector_width<Src, Dst>();
+  static_assert(kChunk % kVector == 0 && kVector <= kMaxVector, "a chunk must hold whole vectors");
   // Find this block's segment: a binary search over the prefix sums.
   const int64_t block = blockIdx.x;
   int lo = 0, hi = launch.count - 1;
