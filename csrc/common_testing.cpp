@@ -68,6 +68,10 @@ struct TestWatchdog {
   std::shared_ptr<std::mutex> async_mutex = std::make_shared<std::mutex>();
   std::shared_ptr<std::atomic<int64_t>> failures = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<std::atomic<int64_t>> thread_starts = std::make_shared<std::atomic<int64_t>>(0);
+  // Whether check() already raised while on_failure ran (it must not: in
+  // terminate mode the training thread could catch it and train on).
+  std::shared_ptr<std::atomic<bool>> published_before_handled = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::weak_ptr<Watchdog>> self = std::make_shared<std::weak_ptr<Watchdog>>();
   std::shared_ptr<Watchdog> watchdog;
 
   TestWatchdog(double timeout_ms, double poll_ms) {
@@ -77,12 +81,22 @@ struct TestWatchdog {
       std::lock_guard<std::mutex> lock(*mutex);
       return *error;
     };
-    hooks.on_failure = [count = failures](const std::string&) { count->fetch_add(1); };
+    hooks.on_failure = [count = failures, early = published_before_handled, self = self](const std::string&) {
+      if (auto w = self->lock()) {
+        early->store(w->failed());
+      }
+      count->fetch_add(1);
+    };
     hooks.consequence = "; (test) nothing aborted";
     watchdog = std::make_shared<Watchdog>(std::chrono::milliseconds(static_cast<int64_t>(timeout_ms)),
                                           std::chrono::milliseconds(static_cast<int64_t>(poll_ms)), 0,
                                           std::move(hooks));
+    *self = watchdog;
   }
+};
+
+struct DestroyCount {
+  std::atomic<int64_t> value{0};
 };
 
 struct PooledHandle {
@@ -115,14 +129,23 @@ void register_testing(py::module& parent) {
       .def_property_readonly("in_flight", [](const TestWatchdog& w) { return w.watchdog->in_flight(); })
       .def_property_readonly("rounds", [](const TestWatchdog& w) { return w.watchdog->rounds(); })
       .def_property_readonly("failures_handled", [](const TestWatchdog& w) { return w.failures->load(); })
-      .def_property_readonly("thread_starts", [](const TestWatchdog& w) { return w.thread_starts->load(); });
+      .def_property_readonly("thread_starts", [](const TestWatchdog& w) { return w.thread_starts->load(); })
+      .def_property_readonly("published_before_handled",
+                             [](const TestWatchdog& w) { return w.published_before_handled->load(); });
 
   // Runs bounded_teardown with fake steps: idle after `idle_after_polls`
-  // queries (-1: never). Returns (outcome, destroy calls, abort calls, idle queries).
-  m.def("teardown", [](TestWatchdog& w, int64_t idle_after_polls, double grace_ms) {
+  // queries (-1: never), or a failed stream at once (`stream_failed`).
+  // Returns (outcome, destroy calls, abort calls, idle queries).
+  m.def("teardown", [](TestWatchdog& w, int64_t idle_after_polls, double grace_ms, bool stream_failed) {
     int64_t queries = 0, destroyed = 0, aborted = 0;
     TeardownSteps steps;
-    steps.idle = [&] { return idle_after_polls >= 0 && ++queries > idle_after_polls; };
+    steps.idle = [&] {
+      if (stream_failed) {
+        ++queries;
+        return Idle::kFailed;
+      }
+      return idle_after_polls >= 0 && ++queries > idle_after_polls ? Idle::kYes : Idle::kNo;
+    };
     steps.destroy = [&] { ++destroyed; };
     steps.abort = [&] { ++aborted; };
     Teardown outcome;
@@ -132,16 +155,21 @@ void register_testing(py::module& parent) {
                                  std::chrono::milliseconds(1));
     }
     return py::make_tuple(to_string(outcome), destroyed, aborted, queries);
-  }, py::arg("watchdog"), py::arg("idle_after_polls"), py::arg("grace_ms"));
+  }, py::arg("watchdog"), py::arg("idle_after_polls"), py::arg("grace_ms"), py::arg("stream_failed") = false);
 
-  // A handle pool over fake handles (counted integers): returns (created, available).
+  // A handle pool over fake handles (counted integers); `destroyed` counts
+  // the handles it gave back, which outlives the pool.
   py::class_<HandlePool, std::shared_ptr<HandlePool>>(m, "HandlePool")
       .def_property_readonly("created", &HandlePool::created)
       .def_property_readonly("available", &HandlePool::available);
+  py::class_<DestroyCount, std::shared_ptr<DestroyCount>>(m, "DestroyCount")
+      .def_property_readonly("value", [](const DestroyCount& c) { return c.value.load(); });
   m.def("fake_handle_pool", [] {
     auto next = std::make_shared<std::atomic<intptr_t>>(1);
-    return HandlePool::create([next] { return reinterpret_cast<HandlePool::Handle>(next->fetch_add(1)); },
-                              [](HandlePool::Handle) {});
+    auto destroyed = std::make_shared<DestroyCount>();
+    auto pool = HandlePool::create([next] { return reinterpret_cast<HandlePool::Handle>(next->fetch_add(1)); },
+                                   [destroyed](HandlePool::Handle) { destroyed->value.fetch_add(1); });
+    return py::make_tuple(pool, destroyed);
   });
   py::class_<PooledHandle>(m, "PooledHandle");
   m.def("acquire", [](const std::shared_ptr<HandlePool>& pool) { return PooledHandle{pool->acquire()}; });

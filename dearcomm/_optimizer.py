@@ -293,7 +293,19 @@ class DistributedOptimizer(Optimizer):
             "world_size": self._runtime.world_size,
             "shard": self._shard_optimizer.state_dict() if self._shard_optimizer is not None else None,
             "param_groups": [self._hyperparameters(g) for g in self.param_groups],
+            "layout": self._layout_signature(),
         }
+
+    def _layout_signature(self):
+        """Where each parameter's elements sit in the shards: a shard's state
+        only means something under the same bucket layout (bucket_mb, the
+        parameters, dearcomm's alignment rules)."""
+        engine = self._runtime.engine
+        if engine is None:
+            return None
+        layout = engine.layout
+        return ([(s.bucket, s.offset, s.numel) for s in layout.params],
+                [b.shard_numel for b in layout.buckets])
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Accepts state_dict() (any world size), a plain torch optimizer's
@@ -317,10 +329,21 @@ class DistributedOptimizer(Optimizer):
                 f"dearcomm: [rank {rank}] this optimizer state is the shard of rank {state_dict['rank']} of "
                 f"{state_dict['world_size']}; each rank must load its own shard at the same world size ({world}), "
                 "or use state_dict() (consolidated) instead")
+        saved_layout, layout = state_dict.get("layout"), self._layout_signature()
+        if saved_layout is not None and layout is not None and _as_lists(saved_layout) != _as_lists(layout):
+            raise ValueError(
+                f"dearcomm: [rank {rank}] this sharded optimizer state was saved under another bucket layout "
+                "(a different bucket_mb, model or dearcomm version); its shards would land on the wrong elements. "
+                "Save and load state_dict() (consolidated) instead, which does not depend on the layout")
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update(saved)
         if self._shard_optimizer is not None and state_dict["shard"] is not None:
             self._shard_optimizer.load_state_dict(state_dict["shard"])
+
+
+def _as_lists(value):
+    """Tuples and lists compare equal after a round trip through torch.save."""
+    return [_as_lists(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _scaler_stage(scaler, optimizer) -> str:

@@ -28,7 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, backend, args, results):
+def _entry(fn, rank, world_size, port, backend, bind_device, args, results):
     import torch
     import torch.distributed as dist
 
@@ -40,7 +40,7 @@ def _entry(fn, rank, world_size, port, backend, args, results):
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT,
-                                device_id=device)
+                                device_id=device if bind_device else None)
         try:
             # Serialised to bytes: tensors sent through a Queue live in shared
             # memory that vanishes when this process exits before the parent reads.
@@ -68,17 +68,17 @@ class Died:
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: float = 180.0,
-                backend: str = "gloo", allow_death: bool = False) -> List[Any]:
+                backend: str = "gloo", allow_death: bool = False, bind_device: bool = True) -> List[Any]:
     """Calls fn(rank, world_size, *args) on every rank; returns the results by rank.
 
     fn must be importable (a module-level function): ranks are spawned.
     backend="nccl" gives each rank its own GPU. allow_death=True: a rank that
     exits without a result (a test killing it) gets a Died result instead of
-    failing the run."""
+    failing the run. bind_device=False: an NCCL group not bound to the rank's GPU."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, args, results), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, bind_device, args, results), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

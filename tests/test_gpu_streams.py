@@ -25,7 +25,8 @@ HOST_BUDGET_S = 0.25
 
 def cycles_per_second():
     """The GPU clock, measured with torch's own spin kernel."""
-    cycles = 100_000_000
+    cycles = 200_000_000
+    torch.cuda._sleep(cycles)  # warm-up: clocks ramp up under load
     torch.cuda.synchronize()
     start = time.perf_counter()
     torch.cuda._sleep(cycles)
@@ -37,9 +38,12 @@ def _launches_return_at_once(rank, world_size):
     from dearcomm import _C, _cuda
 
     device = torch.device("cuda", torch.cuda.current_device())
-    os.environ["DEARCOMM_DEBUG_STREAM_DELAY_CYCLES"] = str(int(cycles_per_second()))  # ~1 s before each
-    backend = _cuda.nccl_backend(dist.group.WORLD, device, dist.default_pg_timeout)
+    delay = str(int(cycles_per_second()))  # ~1 s before each collective
     a, b = torch.ones(1 << 20, device=device), torch.ones(1 << 20, device=device)
+    os.environ["DEARCOMM_DEBUG_STREAM_DELAY_CYCLES"] = delay  # read when the backend is made
+    backend = _cuda.nccl_backend(dist.group.WORLD, device, dist.default_pg_timeout)
+    # A communicator's first collective connects to its peers on the host: outside the timed part.
+    _C.all_reduce(backend, torch.ones(1, device=device))
     torch.cuda.synchronize()
     start = time.perf_counter()
     first = _C.all_reduce(backend, a)
@@ -160,5 +164,7 @@ def _other_device(rank, world_size):
 def test_parameters_on_a_device_other_than_the_current_one():
     """Guards against ordering the current device's stream instead of the
     parameters' device's (a silent race)."""
-    for rank, failures in enumerate(run_workers(_other_device, 1, backend="nccl")):
+    # The process group is not bound to a device (bind_device=False): a group
+    # bound to cuda:0 would refuse wrap()'s broadcast of cuda:1 parameters.
+    for rank, failures in enumerate(run_workers(_other_device, 1, backend="nccl", bind_device=False)):
         assert not failures, f"rank {rank}: {failures[:2]}"

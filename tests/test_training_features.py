@@ -266,8 +266,19 @@ def sharded_round_trip_worker(rank, world_size, directory):
         optimizer.load_state_dict(other)
     except ValueError as e:
         assert "each rank must load its own shard" in str(e)
+    else:
+        return "loading another rank's shard did not raise"
+    # Saved under another layout (e.g. bucket_mb changed): the shards would
+    # land on the wrong elements without a word.
+    relaid = torch.load(path, weights_only=False)
+    params, shards = relaid["layout"]
+    relaid["layout"] = ([(bucket, offset + 8, numel) for bucket, offset, numel in params], shards)
+    try:
+        optimizer.load_state_dict(relaid)
+    except ValueError as e:
+        assert "another bucket layout" in str(e)
         return "ok"
-    return "loading another rank's shard did not raise"
+    return "loading a shard saved under another bucket layout did not raise"
 
 
 # ---- forward order changes --------------------------------------------------------

@@ -81,9 +81,21 @@ def test_a_collective_past_its_timeout_fails_once_and_check_raises():
     assert wait_until(lambda: watchdog.failed)
     with pytest.raises(RuntimeError, match=r"\[rank 0\] all-gather did not finish within 100 ms; \(test\)"):
         watchdog.check()
-    time.sleep(0.1)
-    assert watchdog.failures_handled == 1
     watchdog.stop()
+    assert watchdog.failures_handled == 1
+    watchdog.watch(_testing.FakeCompletion(), "after the failure")  # ignored, not queued forever
+    assert watchdog.in_flight == 0
+
+
+def test_the_backend_acts_on_a_failure_before_check_raises():
+    """Guards against publishing a failure before the backend handled it: in
+    the default mode the backend ends the process, and an error raised on the
+    training thread first could be caught and trained past."""
+    watchdog = _testing.Watchdog(timeout_ms=50, poll_ms=POLL_MS)
+    watchdog.watch(_testing.FakeCompletion(), "reduce-scatter")
+    assert wait_until(lambda: watchdog.failed)
+    watchdog.stop()
+    assert watchdog.failures_handled == 1 and not watchdog.published_before_handled
 
 
 def test_a_failed_collective_names_its_error():
@@ -141,6 +153,15 @@ def test_teardown_aborts_a_communicator_that_never_drains():
     assert time.monotonic() - start < 5.0
 
 
+def test_teardown_aborts_at_once_when_the_stream_failed():
+    """A stream with a sticky error never drains: waiting out the grace (the
+    collective timeout, up to 30 minutes) would only delay the abort."""
+    watchdog = _testing.Watchdog(timeout_ms=60_000, poll_ms=POLL_MS)
+    outcome, destroyed, aborted, queries = _testing.teardown(watchdog, idle_after_polls=-1, grace_ms=600_000,
+                                                             stream_failed=True)
+    assert (outcome, destroyed, aborted, queries) == ("aborted after grace", 0, 1, 1)
+
+
 def test_teardown_after_a_watchdog_abort_frees_nothing_more():
     """Guards against destroying communicators the watchdog already aborted:
     the watchdog is stopped first, then its verdict read."""
@@ -171,7 +192,7 @@ def test_teardown_racing_a_timeout_never_destroys_an_aborted_communicator():
 
 def test_event_pool_reuses_events():
     """Guards against creating and destroying two CUDA events per collective."""
-    pool = _testing.fake_handle_pool()
+    pool, destroyed = _testing.fake_handle_pool()
     for _ in range(100):  # one collective at a time: ready + done events
         ready, done = _testing.acquire(pool), _testing.acquire(pool)
         del ready, done
@@ -180,13 +201,19 @@ def test_event_pool_reuses_events():
     assert pool.created == 5 and pool.available == 0
     del held
     gc.collect()
-    assert pool.available == 5
+    assert pool.available == 5 and destroyed.value == 0
 
 
 def test_event_pool_outlives_its_owner_until_handles_return():
-    pool = _testing.fake_handle_pool()
-    handle = _testing.acquire(pool)
-    del pool  # the backend goes; a pending collective still holds its event
+    """A pending collective may hold its event after the backend (and its
+    reference to the pool) is gone: the event must go back to a live pool and
+    be destroyed exactly once, with the pool."""
+    pool, destroyed = _testing.fake_handle_pool()
+    first, second = _testing.acquire(pool), _testing.acquire(pool)
+    del first
+    del pool  # the backend goes; `second` is still in flight
     gc.collect()
-    del handle  # must return to a live pool, not a freed one
+    assert destroyed.value == 0, "the pool destroyed events while one was still held"
+    del second
     gc.collect()
+    assert destroyed.value == 2, f"{destroyed.value} of 2 events destroyed after the last handle returned"

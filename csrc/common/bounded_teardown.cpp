@@ -20,8 +20,8 @@ Teardown bounded_teardown(Watchdog& watchdog, const TeardownSteps& steps, std::c
     return Teardown::kAlreadyAborted;
   }
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (!steps.idle()) {
-    if (std::chrono::steady_clock::now() >= deadline) {
+  for (Idle idle = steps.idle(); idle != Idle::kYes; idle = steps.idle()) {
+    if (idle == Idle::kFailed || std::chrono::steady_clock::now() >= deadline) {
       steps.abort();
       return Teardown::kAbortedAfterGrace;
     }

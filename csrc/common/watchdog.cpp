@@ -26,6 +26,9 @@ void Watchdog::stop() {
 
 void Watchdog::watch(std::shared_ptr<Completion> completion, std::string what) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_.load() || stop_) {
+    return;  // nobody polls any more; check() reports the failure
+  }
   incoming_.push_back({std::move(completion), std::move(what), std::chrono::steady_clock::now()});
   watched_count_.fetch_add(1);
 }
@@ -87,18 +90,22 @@ void Watchdog::run() {
     lock.unlock();
     const std::string reason = poll_round(watched);
     rounds_.fetch_add(1);
-    lock.lock();
     if (!reason.empty()) {
-      failure_ = "dearcomm: [rank " + std::to_string(rank_) + "] " + reason + hooks_.consequence;
-      failed_.store(true);  // from here on check() raises on the training thread
-      lock.unlock();
-      watched_count_.fetch_sub(static_cast<int64_t>(watched.size()));
-      watched.clear();
+      // The backend acts first (it may end the process): an error raised on
+      // the training thread before that could be caught and trained past.
       if (hooks_.on_failure) {
         hooks_.on_failure(reason);
       }
+      watched_count_.fetch_sub(static_cast<int64_t>(watched.size()));
+      watched.clear();
+      lock.lock();
+      watched_count_.fetch_sub(static_cast<int64_t>(incoming_.size()));
+      incoming_.clear();
+      failure_ = "dearcomm: [rank " + std::to_string(rank_) + "] " + reason + hooks_.consequence;
+      failed_.store(true);  // from here on check() raises on the training thread
       return;
     }
+    lock.lock();
   }
 }
 

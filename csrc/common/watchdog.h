@@ -43,7 +43,8 @@ class Completion {
 struct WatchdogHooks {
   std::function<void()> on_thread_start;           // e.g. bind the thread to the backend's device
   std::function<std::string()> async_error;        // "" while the communicator is healthy
-  std::function<void(const std::string&)> on_failure;  // runs once, on the watchdog thread
+  // Runs once, on the watchdog thread, before check() starts raising.
+  std::function<void(const std::string&)> on_failure;
   std::string consequence;  // what on_failure does, appended to the error check() raises
 };
 

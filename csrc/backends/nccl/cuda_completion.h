@@ -5,14 +5,15 @@
 #include "../../common/handle_pool.h"
 #include "../../common/watchdog.h"
 
+#include <c10/core/Device.h>
 #include <cuda_runtime.h>
 
 #include <memory>
 
 namespace dearcomm {
 
-// A pool of cudaEventDisableTiming events.
-std::shared_ptr<HandlePool> make_cuda_event_pool();
+// A pool of cudaEventDisableTiming events on `device`.
+std::shared_ptr<HandlePool> make_cuda_event_pool(c10::DeviceIndex device);
 
 inline cudaEvent_t as_event(const std::shared_ptr<void>& handle) {
   return static_cast<cudaEvent_t>(handle.get());

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace dearcomm {
 namespace {
@@ -68,6 +69,18 @@ OnFailure on_failure_from_environment() {
   return mode == "raise" ? OnFailure::kRaise : OnFailure::kTerminate;
 }
 
+// dearcomm's own stream, not one of c10's pooled ones: those wrap around
+// after 32 per device, and then teardown's idle check would wait for
+// another user's work.
+c10::cuda::CUDAStream create_comm_stream(c10::DeviceIndex device) {
+  const c10::cuda::CUDAGuard guard(device);
+  int least = 0, greatest = 0;
+  DEARCOMM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  DEARCOMM_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  return c10::cuda::getStreamFromExternal(stream, device);
+}
+
 // The host never waits on the GPU while holding the GIL: teardown may poll
 // for up to the timeout, and a Python thread may be needed meanwhile.
 class GilRelease {
@@ -97,6 +110,7 @@ class NcclPending final : public PendingCollective {
     }
     // E2 of Note [Stream order]: device-side wait, the host goes on. The
     // parameters' device's stream, whatever device is current here.
+    const c10::cuda::CUDAGuard guard(device_);
     DEARCOMM_CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), as_event(done_), 0));
   }
 
@@ -137,8 +151,8 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
       timeout_(timeout),
       debug_(NcclDebugOptions::from_environment()),
       on_failure_(on_failure_from_environment()),
-      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
-      events_(make_cuda_event_pool()) {
+      stream_(create_comm_stream(device)),
+      events_(make_cuda_event_pool(device)) {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
   const c10::cuda::CUDAGuard guard(device_);
   comm_ = create_comm(store, key_prefix + "/comm", rank, world_size);
@@ -154,41 +168,57 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
     return "";
   };
   hooks.on_failure = [this](const std::string& reason) { on_failure(reason); };
-  hooks.consequence = on_failure_ == OnFailure::kRaise ? "; the NCCL communicator was aborted"
-                                                       : "; the NCCL communicator was aborted and the process ended";
+  hooks.consequence = "; the NCCL communicator was aborted";  // raise mode; terminate mode never gets to raise
   watchdog_ = std::make_shared<Watchdog>(timeout, kWatchdogPoll, rank, std::move(hooks));
 }
 
 void NcclBackend::on_failure(const std::string& reason) {
-  std::unique_lock<std::timed_mutex> lock(nccl_mutex_, std::defer_lock);
-  const bool serialised = lock.try_lock_for(kAbortLockWait);
-  if (serialised) {
-    // Unblocks every kernel of the communicator; it is unusable after.
-    ncclCommAbort(comm_);
-    aborted_ = true;
-  }
-  if (on_failure_ == OnFailure::kTerminate || !serialised) {
-    std::fprintf(stderr, "dearcomm: [rank %d] %s; %s. Ending the process (set DEARCOMM_NCCL_FAILURE=raise to "
-                 "raise instead).\n", rank_, reason.c_str(),
-                 serialised ? "the NCCL communicator was aborted"
-                            : "the training thread did not leave an NCCL call, so it could not be aborted");
+  if (on_failure_ == OnFailure::kTerminate) {
+    // As ProcessGroupNCCL's default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3): end
+    // the process without ncclCommAbort, which can itself block behind the
+    // stuck work; the driver frees everything with the process.
+    std::fprintf(stderr, "dearcomm: [rank %d] %s. Ending the process (DEARCOMM_NCCL_FAILURE=raise raises "
+                 "instead).\n", rank_, reason.c_str());
     std::fflush(stderr);
     std::abort();
   }
+  {
+    // From here on no NCCL call starts on comm_ (enqueue checks aborted_
+    // under the same lock), so the abort needs no lock while it runs.
+    std::unique_lock<std::timed_mutex> lock(nccl_mutex_, std::defer_lock);
+    if (!lock.try_lock_for(kAbortLockWait)) {
+      std::fprintf(stderr, "dearcomm: [rank %d] %s; the training thread did not leave an NCCL call within %lld s, "
+                   "so the communicator cannot be aborted safely. Ending the process.\n", rank_, reason.c_str(),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kAbortLockWait).count()));
+      std::fflush(stderr);
+      std::abort();
+    }
+    aborted_ = true;
+  }
+  // ncclCommAbort waits for work queued before the stuck kernel (it
+  // synchronises NCCL's internal stream): on its own thread, so neither the
+  // watchdog's stop() nor the backend's teardown waits for it.
+  std::thread([comm = comm_] { ncclCommAbort(comm); }).detach();
 }
 
 NcclBackend::~NcclBackend() {
   const GilRelease no_gil;
   const c10::cuda::CUDAGuard guard(device_);
   TeardownSteps steps;
-  steps.idle = [this] { return cudaStreamQuery(stream_.stream()) == cudaSuccess; };
+  steps.idle = [this] {
+    const cudaError_t state = cudaStreamQuery(stream_.stream());
+    return state == cudaSuccess ? Idle::kYes : state == cudaErrorNotReady ? Idle::kNo : Idle::kFailed;
+  };
   steps.destroy = [this] { ncclCommDestroy(comm_); };
   steps.abort = [this] { ncclCommAbort(comm_); };
   const Teardown outcome = bounded_teardown(*watchdog_, steps, timeout_, kWatchdogPoll);
   if (outcome == Teardown::kAbortedAfterGrace) {
-    std::fprintf(stderr, "dearcomm: [rank %d] collectives still in flight %lld ms after the backend was dropped; "
-                 "the NCCL communicator was aborted\n", rank_, static_cast<long long>(timeout_.count()));
+    std::fprintf(stderr, "dearcomm: [rank %d] collectives still in flight %lld ms after the backend was dropped "
+                 "(or its stream failed); the NCCL communicator was aborted\n", rank_,
+                 static_cast<long long>(timeout_.count()));
   }
+  // Returns at once; the driver frees the stream once its last work is done.
+  cudaStreamDestroy(stream_.stream());
 }
 
 std::string NcclBackend::name() const {
@@ -207,9 +237,10 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
     const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op) {
   const c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
-  std::lock_guard<std::timed_mutex> lock(nccl_mutex_);  // Note [Failure]: no abort between check and call
   watchdog_->check();
-  TORCH_CHECK(!aborted_, "dearcomm: [rank ", rank_, "] the NCCL communicator was aborted");
+  std::lock_guard<std::timed_mutex> lock(nccl_mutex_);  // Note [Failure]: no abort between check and call
+  TORCH_CHECK(!aborted_, "dearcomm: [rank ", rank_, "] the NCCL communicator was aborted after a failed or "
+              "timed-out collective");
   // E1 of Note [Stream order]: the collective starts after everything the
   // compute stream has enqueued so far (the pack, the optimizer).
   if (debug_.compute_delay_cycles > 0) {

@@ -25,11 +25,13 @@
 // communicator on one (high-priority) stream serves both: a second would only
 // add memory, start-up time and the risk of cross-communicator deadlock.
 // Note [Failure] - a Watchdog polls each collective's "done" event. On a
-// timeout or an NCCL error it aborts the communicator, under the same lock
-// as every NCCL call (NCCL forbids concurrent calls on one communicator), and
-// then ends the process, as ProcessGroupNCCL does by default, since the GPU
-// queue may hold kernels that read garbage. DEARCOMM_NCCL_FAILURE=raise keeps
-// the process: every later call of the backend raises the failure instead.
+// timeout, a CUDA error or an NCCL asynchronous error it ends the process by
+// default, as ProcessGroupNCCL does (queued kernels may read garbage, and
+// ncclCommAbort can itself block behind the stuck work, so it is skipped).
+// DEARCOMM_NCCL_FAILURE=raise keeps the process: the watchdog marks the
+// communicator aborted under the lock every NCCL call takes (NCCL forbids
+// concurrent calls on one communicator), aborts it on a thread of its own,
+// and every later call of the backend raises the failure.
 #pragma once
 
 #include "../../common/handle_pool.h"
@@ -95,8 +97,8 @@ class NcclBackend final : public CommBackend {
   const OnFailure on_failure_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
-  std::timed_mutex nccl_mutex_;  // every NCCL call on comm_, and its abort (Note [Failure])
-  bool aborted_ = false;         // guarded by nccl_mutex_
+  std::timed_mutex nccl_mutex_;  // held by every NCCL call on comm_ (Note [Failure])
+  bool aborted_ = false;         // guarded by nccl_mutex_; once set, no NCCL call starts
   std::shared_ptr<HandlePool> events_;
   std::shared_ptr<Watchdog> watchdog_;  // shared with pending handles, which may outlive the backend
 };
