@@ -2,7 +2,8 @@
 GPipe, 1F1B (PipeDream-flush) and list scheduling on the task graph."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .plan import BACKWARD, FORWARD, Task
 from .profile import ModelProfile
@@ -22,16 +23,27 @@ def gpipe_orders(devices: Sequence[Sequence[int]], num_microbatches: int) -> Ord
     return orders
 
 
-def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int) -> Orders:
-    """1F1B: stage s first runs the forwards of the micro-batches numbered
-    below S - s (its warm-up; with replicas, those of them it owns, at least
-    one), then alternates one backward and one forward, then drains."""
+def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int,
+                       profile: Optional[ModelProfile] = None, topology: Optional[Topology] = None,
+                       bounds: Optional[Sequence[int]] = None) -> Orders:
+    """1F1B (PipeDream-flush): stage s of S runs S - s - 1 warm-up forwards,
+    then alternates one forward and one backward, then drains the backwards.
+    With replicated stages a fixed alternation can deadlock, so there (and
+    only there; profile, topology and bounds are then needed) it is list
+    scheduling with the same memory rule: at most ceil((S - s) / r) forwards
+    in flight per replica, backwards first, earlier micro-batches first."""
     S = len(devices)
+    if any(len(g) > 1 for g in devices):
+        if profile is None or topology is None or bounds is None:
+            raise ValueError("dearcomm: 1F1B with replicated stages needs profile, topology and bounds")
+        caps = {d: max(1, math.ceil((S - s) / len(g))) for s, g in enumerate(devices) for d in g}
+        return list_schedule(profile, topology, bounds, devices, num_microbatches,
+                             priority=lambda t: (t.kind == FORWARD, t.microbatch), max_in_flight=caps).orders
     orders = {}
     for s, group in enumerate(devices):
         for j, d in enumerate(group):
             ms = [m for m in range(num_microbatches) if m % len(group) == j]
-            warm = max(1, sum(1 for m in ms if m < S - s))
+            warm = min(len(ms), S - s)  # the warm-up and the first steady forward
             seq: List[Task] = [Task(FORWARD, s, m) for m in ms[:warm]]
             f, b = warm, 0
             while b < len(ms):

@@ -95,15 +95,17 @@ def simulate(plan: Plan, profile: ModelProfile, topology: Topology) -> SimResult
 
 def list_schedule(profile: ModelProfile, topology: Topology, bounds: Sequence[int],
                   devices: Sequence[Sequence[int]], num_microbatches: int,
-                  priority: Optional[Callable[[Task], Tuple]] = None) -> SimResult:
+                  priority: Optional[Callable[[Task], Tuple]] = None,
+                  max_in_flight: Optional[Dict[int, int]] = None) -> SimResult:
     """Whenever a device is idle it starts its ready task of best priority
-    (default: longest remaining path). The result's orders replay exactly."""
+    (default: longest remaining path), without exceeding max_in_flight[device]
+    forwards whose backward has not run. The result's orders replay exactly."""
     costs = Costs(profile, topology, bounds, devices)
-    return _run(costs, num_microbatches, None, priority or longest_remaining_path(costs))
+    return _run(costs, num_microbatches, None, priority or longest_remaining_path(costs), max_in_flight)
 
 
 def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
-         priority: Optional[Callable[[Task], Tuple]]) -> SimResult:
+         priority: Optional[Callable[[Task], Tuple]], max_in_flight: Optional[Dict[int, int]] = None) -> SimResult:
     topo, devices = costs.topology, costs.devices
     S = len(devices)
 
@@ -128,6 +130,7 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     position = {d: 0 for d in mine}          # fixed orders: index of the next task
     todo = {d: list(ts) for d, ts in mine.items()}
     idle = {d: True for d in mine}
+    in_flight = {d: 0 for d in mine}
     ran: Dict[int, List[Task]] = {d: [] for d in mine}
     resource_free: Dict = {}
     spans: List[Span] = []
@@ -182,13 +185,15 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                 task = todo[d][position[d]]
                 position[d] += 1
             else:
-                ready = [x for x in todo[d] if pending[x] == 0]
+                cap = max_in_flight.get(d, M) if max_in_flight else M
+                ready = [x for x in todo[d] if pending[x] == 0 and (x.kind == BACKWARD or in_flight[d] < cap)]
                 if not ready:
                     continue
                 task = min(ready, key=priority)
                 todo[d].remove(task)
             duration = costs.fwd[task.stage] if task.kind == FORWARD else costs.bwd[task.stage]
             idle[d] = False
+            in_flight[d] += 1 if task.kind == FORWARD else -1
             ran[d].append(task)
             spans.append(Span("compute", d, task.kind, t, t + duration, task))
             heapq.heappush(heap, (t + duration, next(seq), "done", (task, d)))
