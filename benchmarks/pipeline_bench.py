@@ -123,6 +123,124 @@ def cmd_optimality(args) -> int:
     return 0
 
 
+# ---- netlab: the runtime measured against the simulator ---------------------------
+
+def _rate_bytes(rate: str) -> float:
+    units = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8}
+    for u, f in units.items():
+        if rate.endswith(u):
+            return float(rate[: -len(u)]) * f
+    raise ValueError(f"unknown rate {rate!r}")
+
+
+def _netlab_model(width: int, blocks: int):
+    """Wide blocks (width -> 64 -> width): big activations, modest compute,
+    so that transfers matter on these 2 cores."""
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, width), nn.Tanh()) for _ in range(blocks)]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def cmd_netlab(args) -> int:
+    """Parent: build the emulated cluster (per-rank rates) and run the ranks."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from netlab import Cluster
+    rates = args.rates.split(",")
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.join(args.out, f"pipeline-netlab-{'-'.join(rates)}.json")
+    with Cluster(len(rates), args.rates, burst=args.burst) as cluster:
+        code = cluster.launch([sys.executable, os.path.abspath(__file__), "_rank", "--rates", args.rates,
+                               "--json", out, "--steps", str(args.steps), "--microbatches", str(args.microbatches),
+                               "--batch", str(args.batch), "--width", str(args.width), "--blocks", str(args.blocks),
+                               "--latency-us", str(args.latency_us), "--efficiency", str(args.efficiency)])
+    if code == 0 and os.path.exists(out):
+        with open(out) as f:
+            rows = json.load(f)["rows"]
+        print(f"\nrates {args.rates}, {args.microbatches} micro-batches of {args.batch // args.microbatches}:")
+        print(f"{'plan':<10} {'measured':>9} {'pred(profile)':>14} {'err':>6} {'pred(in situ)':>14} {'err':>6}  plan")
+        for r in rows:
+            print(f"{r['name']:<10} {r['measured_ms']:>9.1f} {r['predicted_offline_ms']:>14.1f} "
+                  f"{r['error_offline']:>+6.1%} {r['predicted_insitu_ms']:>14.1f} {r['error_insitu']:>+6.1%}  {r['plan']}")
+    return code
+
+
+def cmd_rank(args) -> int:
+    """One rank under netlab: plan, run every plan, time it, predict it."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from dearcomm.pipeline import (LayerProfile, ModelProfile, one_f_one_b_plan, plan_pipeline,
+                                   profile_sequential, simulate, switched)
+    from dearcomm.pipeline.runtime import PipelineRuntime
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rates = [_rate_bytes(r) * args.efficiency for r in args.rates.split(",")]
+    topo = switched(rates, latency_us=args.latency_us, name="netlab")
+    model = _netlab_model(args.width, args.blocks)
+    M = args.microbatches
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
+    micro = x[: args.batch // M]
+    box = [None, None]
+    if rank == 0:  # the offline profile: one process, alone on the machine
+        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
+        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)]]
+    dist.broadcast_object_list(box, src=0)
+    profile, plans = box
+    rows = []
+    for plan in plans:
+        runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
+                                  lambda p: torch.optim.SGD(p, lr=1e-3), micro)
+        times = []
+        for step in range(args.steps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            runtime.step(x, y)
+            dist.barrier()  # the iteration ends when the slowest rank's update ends
+            if step >= 2:
+                times.append((time.perf_counter() - t0) * 1e3)
+        # In-situ task times (all ranks computing at once on shared cores).
+        mine = {} if runtime.stage is None else {
+            (runtime.stage, k): statistics.median(v for (kk, _), v in runtime.task_ms.items() if kk == k)
+            for k in ("F", "B")}
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        if rank == 0:
+            merged = {}
+            for d in everyone:
+                for key, v in d.items():
+                    merged.setdefault(key, []).append(v)
+            stages = []
+            for s in range(plan.num_stages):
+                a, b = plan.stage_layers(s)
+                stages.append(LayerProfile(f"stage{s}", statistics.median(merged[s, "F"]),
+                                           statistics.median(merged[s, "B"]), profile.layers[b - 1].activation_bytes,
+                                           profile.param_bytes(a, b)))
+            insitu = ModelProfile("in-situ", tuple(stages), tuple(profile.boundary_bytes(b) for b in plan.bounds[1:-1]))
+            staged = type(plan)(tuple(range(plan.num_stages + 1)), plan.devices, plan.orders, M, plan.name)
+            measured = statistics.median(times)
+            offline = simulate(plan, profile, topo).makespan_ms
+            situ = simulate(staged, insitu, topo).makespan_ms
+            rows.append(dict(name=plan.name, plan=plan.describe(), measured_ms=measured, times_ms=times,
+                             predicted_offline_ms=offline, predicted_insitu_ms=situ,
+                             error_offline=offline / measured - 1, error_insitu=situ / measured - 1))
+            print(f"{plan.name}: measured {measured:.1f} ms (p10 {sorted(times)[len(times) // 10]:.1f}), "
+                  f"predicted {offline:.1f} (offline profile), {situ:.1f} (in-situ task times)", flush=True)
+        dist.barrier()
+    if rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(dict(rates=args.rates, microbatches=M, batch=args.batch, width=args.width, rows=rows,
+                           profile=[vars(l) for l in profile.layers]), f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -135,6 +253,21 @@ def main(argv=None) -> int:
     o = sub.add_parser("optimality", help="planner vs brute force on small random cases")
     o.add_argument("--seeds", type=int, default=2)
     o.set_defaults(fn=cmd_optimality)
+    for name, fn in (("netlab", cmd_netlab), ("_rank", cmd_rank)):
+        n = sub.add_parser(name, help="measured vs predicted under netlab (root)" if name == "netlab" else None)
+        n.add_argument("--rates", default="200mbit,200mbit,100mbit", help="tbf rate per rank")
+        n.add_argument("--steps", type=int, default=8)
+        n.add_argument("--microbatches", type=int, default=4)
+        n.add_argument("--batch", type=int, default=256)
+        n.add_argument("--width", type=int, default=4096)
+        n.add_argument("--blocks", type=int, default=4)
+        n.add_argument("--burst", default="64kb")
+        n.add_argument("--latency-us", type=float, default=500.0, help="per-message latency the model assumes")
+        n.add_argument("--efficiency", type=float, default=0.95,
+                       help="payload share of the tbf rate (TCP/IP headers: 1448 of 1514 bytes per frame)")
+        n.add_argument("--json", default="")
+        n.add_argument("--out", default="results")
+        n.set_defaults(fn=fn)
     args = parser.parse_args(argv)
     return args.fn(args)
 

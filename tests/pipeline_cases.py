@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 from typing import List
 
-from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, Plan, SimResult, Task, Topology, chain, servers,
+from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, ModelProfile, Plan, SimResult, Task, Topology, chain, servers,
                                switched, uniform)
 
 
-def random_profile(layers: int, seed: int) -> "ModelProfile":  # noqa: F821
+def random_profile(layers: int, seed: int) -> ModelProfile:
     rng = random.Random(seed)
     return chain(f"rand{seed}", [LayerProfile(f"l{i}", rng.uniform(1, 10), rng.uniform(2, 20),
                                               rng.choice([1e5, 1e6, 5e6, 2e7]), rng.uniform(0, 4e7))

@@ -14,7 +14,7 @@ CASES = [(4, 2, 4, 2), (6, 3, 4, 2), (5, 4, 3, 2), (6, 4, 6, 1)]  # (layers, dev
 
 
 def test_planner_is_near_the_brute_force_optimum():
-    from dearcomm.pipeline import Plan, simulate
+    from dearcomm.pipeline import simulate
     ratios = []
     for L, D, M, seeds in CASES:
         for seed in range(seeds):

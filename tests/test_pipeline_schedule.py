@@ -1,8 +1,6 @@
 """The simulator and the GPipe / 1F1B / list-scheduled orders: every schedule
 valid, known closed forms reproduced, bad inputs rejected with clear errors.
 One process, no torch.distributed."""
-import itertools
-
 import pytest
 
 from dearcomm.pipeline import (LayerProfile, Plan, Task, Topology, chain, gpipe_orders, list_schedule,

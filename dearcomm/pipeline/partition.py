@@ -116,7 +116,6 @@ def sync_dp(profile: ModelProfile, topology: Topology, order: Sequence[int], num
 
 
 def _dp_with_cap(t: _OrderTables, L: int, D: int, M: int, cap: float, max_stages: int) -> Optional[Candidate]:
-    INF = math.inf
     # best[(j, k)] = (latency, stages, parent) with j layers placed on the first k devices
     best: Dict[Tuple[int, int], Tuple[float, int, Optional[Tuple[int, int]]]] = {(0, 0): (0.0, 0, None)}
     for j in range(L):
@@ -199,7 +198,6 @@ def pipedream_dp(profile: ModelProfile, num_devices: int, bandwidth: float) -> T
         sync = 4 * (r - 1) * (params[j2] - params[j]) / (r * bandwidth) * 1e3 if r > 1 else 0.0
         return max(work[j2] - work[j], sync) / r
 
-    INF = math.inf
     A: Dict[Tuple[int, int], Tuple[float, Optional[Tuple[int, int, int]]]] = {}
     for j2 in range(1, L + 1):
         for m in range(1, D + 1):

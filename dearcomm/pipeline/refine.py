@@ -5,7 +5,7 @@ merged, two devices swapped) and keep the best while it shortens the simulated i
 Deterministic: neighbours in a fixed order, a fixed budget of simulations."""
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Iterator, Tuple
 
 from .partition import Candidate
 

@@ -25,7 +25,7 @@ deadlock, and the process group's timeout ends anything else in an error.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ class PipelineRuntime:
         self.group = group
         plan.validate(len(children), self.world)
         self.plan, self.loss_fn = plan, loss_fn
-        M, S = plan.num_microbatches, plan.num_stages
+        S = plan.num_stages
         where = plan.stage_of_device(self.rank)
         self.stage, self.replica = where if where is not None else (None, None)
         # Boundary shapes and dtypes from one no-grad pass of the whole model.
