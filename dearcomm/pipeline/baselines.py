@@ -77,3 +77,21 @@ def all_plans(profile: ModelProfile, topology: Topology, num_microbatches: int, 
     out = {"planner": plan_pipeline(profile, topology, num_microbatches, **planner_args)}
     out.update({name: fn(profile, topology, num_microbatches) for name, fn in BASELINES.items()})
     return out
+
+
+def baseline_candidates(profile: ModelProfile, topology: Topology, num_microbatches: int):
+    """(bounds, devices) of the GPipe / 1F1B, PipeDream and DAPPLE plans,
+    without their orders (the planner schedules them its own ways)."""
+    n = topology.size
+    bounds = balanced_bounds(profile, min(n, len(profile)))
+    out = [(bounds, tuple((s,) for s in range(len(bounds) - 1)))]
+    pairs = [topology.link_bandwidth(a, b) for a in range(n) for b in range(n) if a != b]
+    pd_bounds, replicas = pipedream_dp(profile, n, sum(pairs) / len(pairs) if pairs else 1e12)
+    devices, k = [], 0
+    for r in replicas:
+        devices.append(tuple(range(k, k + r)))
+        k += r
+    out.append((pd_bounds, tuple(devices)))
+    cands = sync_dp(profile, topology, tuple(range(n)), num_microbatches)
+    out.append(min(cands, key=lambda c: (sync_estimate(Costs(profile, topology, *c), num_microbatches), c)))
+    return out

@@ -2,7 +2,6 @@
 GPipe, 1F1B (PipeDream-flush) and list scheduling on the task graph."""
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .plan import BACKWARD, FORWARD, Task
@@ -30,13 +29,13 @@ def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int,
     then alternates one forward and one backward, then drains the backwards.
     With replicated stages a fixed alternation can deadlock, so there (and
     only there; profile, topology and bounds are then needed) it is list
-    scheduling with the same memory rule: at most ceil((S - s) / r) forwards
-    in flight per replica, backwards first, earlier micro-batches first."""
+    scheduling with the same memory rule per device: at most S - s forwards
+    in flight on each replica, backwards first, earlier micro-batches first."""
     S = len(devices)
     if any(len(g) > 1 for g in devices):
         if profile is None or topology is None or bounds is None:
             raise ValueError("dearcomm: 1F1B with replicated stages needs profile, topology and bounds")
-        caps = {d: max(1, math.ceil((S - s) / len(g))) for s, g in enumerate(devices) for d in g}
+        caps = {d: S - s for s, g in enumerate(devices) for d in g}
         return list_schedule(profile, topology, bounds, devices, num_microbatches,
                              priority=lambda t: (t.kind == FORWARD, t.microbatch), max_in_flight=caps).orders
     orders = {}

@@ -4,7 +4,8 @@ shortest synchronous iteration. Pure and deterministic.
 1. For each device order from the mapping search, the synchronous DP gives
    candidate partitions with replication (partition.sync_dp), ranked by the
    synchronous estimate.
-2. The best few candidates over all orders are scheduled three ways (list
+2. The best few candidates over all orders, and the baselines' partitions
+   and mappings (GPipe's, PipeDream's, DAPPLE's), are scheduled three ways (list
    scheduling by longest remaining path, 1F1B, GPipe) and simulated with
    link contention and the all-reduce.
 3. From the best of them, a local search on the simulated time (refine.py)
@@ -44,7 +45,15 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
         return min(e for e, _ in found)
 
     search_orders(topology, score, exhaustive_limit)
+    # The baselines' partitions and mappings join the finalists: the planner
+    # then never returns a plan slower than one it could have simulated.
+    from .baselines import baseline_candidates
     ranked, seen = [], set()
+    for cand in baseline_candidates(profile, topology, num_microbatches):
+        if cand not in seen and len(cand[1]) <= min(max_stages or len(profile), len(profile), topology.size):
+            seen.add(cand)
+            ranked.append(cand)
+    finalists += len(ranked)
     for est, cand in sorted(pool):
         if cand not in seen:
             seen.add(cand)
