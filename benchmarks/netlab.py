@@ -3,6 +3,7 @@ bridge by veth pairs, every interface rate-limited with tbf (netem is not
 available here), one rank per namespace, gloo over TCP between them.
 
     sudo python benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/train_bench.py --model mlp
+    sudo python benchmarks/netlab.py --ranks 3 --rate 1gbit,1gbit,200mbit -- ...   # a rate per rank
 
 Runs `python SCRIPT ARGS` once per rank with torchrun's environment (RANK,
 WORLD_SIZE, MASTER_ADDR, ...) and GLOO_SOCKET_IFNAME set, so scripts call
@@ -35,8 +36,13 @@ class Cluster:
     """Namespaces, bridge and rate limits; a context manager that always cleans up."""
 
     def __init__(self, ranks: int, rate: str, burst: str = "256kb", latency: str = "100ms") -> None:
+        """rate: one tbf rate for every interface, or a comma-separated rate
+        per rank (that rank's sending and receiving side both run at it)."""
         if not 2 <= ranks <= 16:
             raise SystemExit(f"netlab: --ranks must be 2..16, got {ranks}")
+        self.rates = rate.split(",") if "," in rate else [rate] * ranks
+        if len(self.rates) != ranks:
+            raise SystemExit(f"netlab: --rate lists {len(self.rates)} rates for {ranks} ranks; give one or one per rank")
         self.ranks, self.rate, self.burst, self.latency = ranks, rate, burst, latency
         tag = f"{os.getpid() % 100000}"
         self.hub = f"dcl{tag}-hub"
@@ -59,8 +65,8 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.remove()
 
-    def _limit(self, ns: str, dev: str) -> None:
-        _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
+    def _limit(self, ns: str, dev: str, rate: str) -> None:
+        _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
             "burst", self.burst, "latency", self.latency)
 
     def _create(self) -> None:
@@ -78,8 +84,8 @@ class Cluster:
             _in(ns, "ip", "link", "set", "lo", "up")
             _in(self.hub, "ip", "link", "set", outer, "master", "br0")
             _in(self.hub, "ip", "link", "set", outer, "up")
-            self._limit(ns, inner)       # this rank's sending
-            self._limit(self.hub, outer)  # this rank's receiving
+            self._limit(ns, inner, self.rates[rank])       # this rank's sending
+            self._limit(self.hub, outer, self.rates[rank])  # this rank's receiving
 
     def remove(self) -> None:
         for ns in reversed(self.created):  # deleting a namespace deletes its interfaces
@@ -110,7 +116,8 @@ class Cluster:
 def main(argv: Sequence[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--rate", default="1gbit", help="tbf rate per interface, e.g. 1gbit, 10gbit, 500mbit")
+    parser.add_argument("--rate", default="1gbit", help="tbf rate per interface, e.g. 1gbit, 10gbit, 500mbit; "
+                        "or one per rank, comma-separated: 1gbit,1gbit,200mbit")
     parser.add_argument("--port", type=int, default=29511)
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]: run with this Python")
     args = parser.parse_args(argv)

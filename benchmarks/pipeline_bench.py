@@ -1,0 +1,276 @@
+"""Synchronous pipeline planning: the planner against GPipe, 1F1B, PipeDream
+and DAPPLE plans on the shared profiles (simulated), the planner's distance to
+the brute-force optimum, and (under netlab) the runtime's measured iteration
+time against the simulator's prediction.
+
+    python benchmarks/pipeline_bench.py plans [--quick]          # tables + plots
+    python benchmarks/pipeline_bench.py optimality               # worst planner / brute-force ratio
+    sudo python benchmarks/pipeline_bench.py netlab --rates 200mbit,200mbit,50mbit   # measured vs predicted
+
+Outputs go to --out (default results/): pipeline-plans.txt/.json, one bar
+chart per topology preset and a timeline picture; docs/benchmarks.md quotes them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dearcomm.pipeline import (PRESETS, all_plans, coarsen, draw_timeline, load_shared_profile,  # noqa: E402
+                               preset, simulate)
+
+MODELS = {"VGG-16": "pipedream/vgg16", "ResNet-50": "pipedream/resnet50", "BERT-large": "dapple/bert-24-pbs-6",
+          "GNMT": "pipedream/gnmt"}
+NAMES = ("planner", "gpipe", "1f1b", "pipedream", "dapple")
+
+
+def cmd_plans(args) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    devices = [4, 8] if args.quick else [4, 8, 16]
+    rows, lines = [], []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(f"# iteration time (ms, simulated), {args.microbatches} micro-batches, profiles coarsened to "
+         f"{args.blocks} blocks")
+    for pre in PRESETS:
+        emit(f"\n## {pre}")
+        emit(f"{'model':<11} {'dev':>3} " + " ".join(f"{n:>10}" for n in NAMES) +
+             f" {'best base':>10} {'speedup':>8} {'plan s':>7}  planner's plan")
+        for label, key in MODELS.items():
+            profile = coarsen(load_shared_profile(key), args.blocks)
+            for n in devices:
+                topo = preset(pre, n)
+                t0 = time.perf_counter()
+                plans = all_plans(profile, topo, args.microbatches)
+                seconds = time.perf_counter() - t0
+                times = {k: plans[k].predicted_ms for k in NAMES}
+                base = min((times[k], k) for k in NAMES[1:])
+                speedup = base[0] / times["planner"]
+                emit(f"{label:<11} {n:>3} " + " ".join(f"{times[k]:>10.1f}" for k in NAMES) +
+                     f" {base[1]:>10} {speedup:>7.2f}x {seconds:>7.1f}  {plans['planner'].describe().split(': ', 1)[1]}")
+                rows.append(dict(preset=pre, model=label, profile=key, devices=n, times=times, best_baseline=base[1],
+                                 speedup=speedup, plans={k: p.describe() for k, p in plans.items()}))
+                if pre == PRESETS[0] and label == "BERT-large" and n == 8:
+                    draw_timeline(os.path.join(args.out, "pipeline-timeline-bert-8.png"),
+                                  {k: simulate(plans[k], profile, topo) for k in ("planner", "dapple", "1f1b")},
+                                  f"BERT-large, 8 devices, {pre}, {args.microbatches} micro-batches (simulated)")
+    speedups = [r["speedup"] for r in rows]
+    emit(f"\nplanner vs the best baseline of each case: min {min(speedups):.2f}x, "
+         f"geomean {_geomean(speedups):.2f}x, max {max(speedups):.2f}x over {len(rows)} cases")
+    with open(os.path.join(args.out, "pipeline-plans.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "pipeline-plans.json"), "w") as f:
+        json.dump(dict(microbatches=args.microbatches, blocks=args.blocks, rows=rows), f, indent=1)
+    _plot(rows, devices, args.out)
+    return 0
+
+
+def _geomean(xs) -> float:
+    import math
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _plot(rows, devices, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"planner": "#C44E52", "gpipe": "#8FB3DE", "1f1b": "#4C72B0", "pipedream": "#55A868",
+              "dapple": "#DD8452"}
+    for pre in PRESETS:
+        mine = [r for r in rows if r["preset"] == pre]
+        fig, axes = plt.subplots(1, len(MODELS), figsize=(4 * len(MODELS), 3.4), squeeze=False)
+        for ax, label in zip(axes[0], MODELS):
+            rs = [r for r in mine if r["model"] == label]
+            width = 0.8 / len(NAMES)
+            for i, name in enumerate(NAMES):
+                ax.bar([x + i * width for x in range(len(rs))], [r["times"][name] for r in rs], width,
+                       label=name, color=colors[name])
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rs))], [f"{r['devices']} dev" for r in rs])
+            ax.set_title(label, fontsize=10)
+            ax.set_ylabel("iteration (ms)")
+            ax.grid(axis="y", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"simulated iteration time, preset {pre}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"pipeline-plans-{pre}.png"), dpi=110)
+        plt.close(fig)
+
+
+def cmd_optimality(args) -> int:
+    from dearcomm.pipeline import brute_force, plan_pipeline
+    from tests.pipeline_cases import random_profile, topologies
+    ratios = []
+    print(f"{'layers':>6} {'dev':>3} {'M':>3} {'seed':>4} {'topology':<14} {'brute ms':>9} {'planner ms':>10} {'ratio':>7}")
+    for L, D, M in [(4, 2, 4), (6, 3, 4), (5, 4, 3), (6, 4, 6), (8, 4, 4), (8, 4, 8)]:
+        for seed in range(args.seeds):
+            profile = random_profile(L, seed + 10 * L)
+            for topo in topologies(D):
+                best = brute_force(profile, topo, M)
+                plan = plan_pipeline(profile, topo, M)
+                ratios.append(plan.predicted_ms / best.predicted_ms)
+                print(f"{L:>6} {D:>3} {M:>3} {seed:>4} {topo.name:<14} {best.predicted_ms:>9.1f} "
+                      f"{plan.predicted_ms:>10.1f} {ratios[-1]:>7.4f}", flush=True)
+    print(f"\nplanner / brute force over {len(ratios)} cases: worst {max(ratios):.4f}, "
+          f"mean {sum(ratios) / len(ratios):.4f}, optimal in {sum(r < 1 + 1e-9 for r in ratios)}")
+    return 0
+
+
+# ---- netlab: the runtime measured against the simulator ---------------------------
+
+def _rate_bytes(rate: str) -> float:
+    units = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8}
+    for u, f in units.items():
+        if rate.endswith(u):
+            return float(rate[: -len(u)]) * f
+    raise ValueError(f"unknown rate {rate!r}")
+
+
+def _netlab_model(width: int, blocks: int):
+    """Wide blocks (width -> 64 -> width): big activations, modest compute,
+    so that transfers matter on these 2 cores."""
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, width), nn.Tanh()) for _ in range(blocks)]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def cmd_netlab(args) -> int:
+    """Parent: build the emulated cluster (per-rank rates) and run the ranks."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from netlab import Cluster
+    rates = args.rates.split(",")
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.join(args.out, f"pipeline-netlab-{'-'.join(rates)}.json")
+    with Cluster(len(rates), args.rates, burst=args.burst) as cluster:
+        code = cluster.launch([sys.executable, os.path.abspath(__file__), "_rank", "--rates", args.rates,
+                               "--json", out, "--steps", str(args.steps), "--microbatches", str(args.microbatches),
+                               "--batch", str(args.batch), "--width", str(args.width), "--blocks", str(args.blocks),
+                               "--latency-us", str(args.latency_us), "--efficiency", str(args.efficiency)])
+    if code == 0 and os.path.exists(out):
+        with open(out) as f:
+            rows = json.load(f)["rows"]
+        print(f"\nrates {args.rates}, {args.microbatches} micro-batches of {args.batch // args.microbatches}:")
+        print(f"{'plan':<10} {'measured':>9} {'pred(profile)':>14} {'err':>6} {'pred(in situ)':>14} {'err':>6}  plan")
+        for r in rows:
+            print(f"{r['name']:<10} {r['measured_ms']:>9.1f} {r['predicted_offline_ms']:>14.1f} "
+                  f"{r['error_offline']:>+6.1%} {r['predicted_insitu_ms']:>14.1f} {r['error_insitu']:>+6.1%}  {r['plan']}")
+    return code
+
+
+def cmd_rank(args) -> int:
+    """One rank under netlab: plan, run every plan, time it, predict it."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from dearcomm.pipeline import (LayerProfile, ModelProfile, one_f_one_b_plan, plan_pipeline,
+                                   profile_sequential, simulate, switched)
+    from dearcomm.pipeline.runtime import PipelineRuntime
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rates = [_rate_bytes(r) * args.efficiency for r in args.rates.split(",")]
+    topo = switched(rates, latency_us=args.latency_us, name="netlab")
+    model = _netlab_model(args.width, args.blocks)
+    M = args.microbatches
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
+    micro = x[: args.batch // M]
+    box = [None, None]
+    if rank == 0:  # the offline profile: one process, alone on the machine
+        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
+        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)]]
+    dist.broadcast_object_list(box, src=0)
+    profile, plans = box
+    rows = []
+    for plan in plans:
+        runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
+                                  lambda p: torch.optim.SGD(p, lr=1e-3), micro)
+        times = []
+        for step in range(args.steps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            runtime.step(x, y)
+            dist.barrier()  # the iteration ends when the slowest rank's update ends
+            if step >= 2:
+                times.append((time.perf_counter() - t0) * 1e3)
+        # In-situ task times (all ranks computing at once on shared cores).
+        mine = {} if runtime.stage is None else {
+            (runtime.stage, k): statistics.median(v for (kk, _), v in runtime.task_ms.items() if kk == k)
+            for k in ("F", "B")}
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        if rank == 0:
+            merged = {}
+            for d in everyone:
+                for key, v in d.items():
+                    merged.setdefault(key, []).append(v)
+            stages = []
+            for s in range(plan.num_stages):
+                a, b = plan.stage_layers(s)
+                stages.append(LayerProfile(f"stage{s}", statistics.median(merged[s, "F"]),
+                                           statistics.median(merged[s, "B"]), profile.layers[b - 1].activation_bytes,
+                                           profile.param_bytes(a, b)))
+            insitu = ModelProfile("in-situ", tuple(stages), tuple(profile.boundary_bytes(b) for b in plan.bounds[1:-1]))
+            staged = type(plan)(tuple(range(plan.num_stages + 1)), plan.devices, plan.orders, M, plan.name)
+            measured = statistics.median(times)
+            offline = simulate(plan, profile, topo).makespan_ms
+            situ = simulate(staged, insitu, topo).makespan_ms
+            rows.append(dict(name=plan.name, plan=plan.describe(), measured_ms=measured, times_ms=times,
+                             predicted_offline_ms=offline, predicted_insitu_ms=situ,
+                             error_offline=offline / measured - 1, error_insitu=situ / measured - 1))
+            print(f"{plan.name}: measured {measured:.1f} ms (p10 {sorted(times)[len(times) // 10]:.1f}), "
+                  f"predicted {offline:.1f} (offline profile), {situ:.1f} (in-situ task times)", flush=True)
+        dist.barrier()
+    if rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(dict(rates=args.rates, microbatches=M, batch=args.batch, width=args.width, rows=rows,
+                           profile=[vars(l) for l in profile.layers]), f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plans", help="planner vs baselines on the shared profiles (simulated)")
+    p.add_argument("--microbatches", type=int, default=16)
+    p.add_argument("--blocks", type=int, default=24, help="coarsen every profile to at most this many blocks")
+    p.add_argument("--quick", action="store_true", help="4 and 8 devices only")
+    p.add_argument("--out", default="results")
+    p.set_defaults(fn=cmd_plans)
+    o = sub.add_parser("optimality", help="planner vs brute force on small random cases")
+    o.add_argument("--seeds", type=int, default=2)
+    o.set_defaults(fn=cmd_optimality)
+    for name, fn in (("netlab", cmd_netlab), ("_rank", cmd_rank)):
+        n = sub.add_parser(name, help="measured vs predicted under netlab (root)" if name == "netlab" else None)
+        n.add_argument("--rates", default="200mbit,200mbit,100mbit", help="tbf rate per rank")
+        n.add_argument("--steps", type=int, default=8)
+        n.add_argument("--microbatches", type=int, default=4)
+        n.add_argument("--batch", type=int, default=256)
+        n.add_argument("--width", type=int, default=4096)
+        n.add_argument("--blocks", type=int, default=4)
+        n.add_argument("--burst", default="64kb")
+        n.add_argument("--latency-us", type=float, default=500.0, help="per-message latency the model assumes")
+        n.add_argument("--efficiency", type=float, default=0.95,
+                       help="payload share of the tbf rate (TCP/IP headers: 1448 of 1514 bytes per frame)")
+        n.add_argument("--json", default="")
+        n.add_argument("--out", default="results")
+        n.set_defaults(fn=fn)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

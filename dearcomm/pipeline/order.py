@@ -1,0 +1,61 @@
+"""Per-device orders of the micro-batches' forward and backward tasks:
+GPipe, 1F1B (PipeDream-flush) and list scheduling on the task graph."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .plan import BACKWARD, FORWARD, Task
+from .profile import ModelProfile
+from .simulate import list_schedule
+from .topology import Topology
+
+Orders = Dict[int, Tuple[Task, ...]]
+
+
+def gpipe_orders(devices: Sequence[Sequence[int]], num_microbatches: int) -> Orders:
+    """All of a device's forwards, then all its backwards, in micro-batch order."""
+    orders = {}
+    for s, group in enumerate(devices):
+        for j, d in enumerate(group):
+            ms = [m for m in range(num_microbatches) if m % len(group) == j]
+            orders[d] = tuple([Task(FORWARD, s, m) for m in ms] + [Task(BACKWARD, s, m) for m in ms])
+    return orders
+
+
+def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int,
+                       profile: Optional[ModelProfile] = None, topology: Optional[Topology] = None,
+                       bounds: Optional[Sequence[int]] = None) -> Orders:
+    """1F1B (PipeDream-flush): stage s of S runs S - s - 1 warm-up forwards,
+    then alternates one forward and one backward, then drains the backwards.
+    With replicated stages a fixed alternation can deadlock, so there (and
+    only there; profile, topology and bounds are then needed) it is list
+    scheduling with the same memory rule per device: at most S - s forwards
+    in flight on each replica, backwards first, earlier micro-batches first."""
+    S = len(devices)
+    if any(len(g) > 1 for g in devices):
+        if profile is None or topology is None or bounds is None:
+            raise ValueError("dearcomm: 1F1B with replicated stages needs profile, topology and bounds")
+        caps = {d: S - s for s, g in enumerate(devices) for d in g}
+        return list_schedule(profile, topology, bounds, devices, num_microbatches,
+                             priority=lambda t: (t.kind == FORWARD, t.microbatch), max_in_flight=caps).orders
+    orders = {}
+    for s, group in enumerate(devices):
+        for j, d in enumerate(group):
+            ms = [m for m in range(num_microbatches) if m % len(group) == j]
+            warm = min(len(ms), S - s)  # the warm-up and the first steady forward
+            seq: List[Task] = [Task(FORWARD, s, m) for m in ms[:warm]]
+            f, b = warm, 0
+            while b < len(ms):
+                seq.append(Task(BACKWARD, s, ms[b]))
+                b += 1
+                if f < len(ms):
+                    seq.append(Task(FORWARD, s, ms[f]))
+                    f += 1
+            orders[d] = tuple(seq)
+    return orders
+
+
+def list_orders(profile: ModelProfile, topology: Topology, bounds: Sequence[int],
+                devices: Sequence[Sequence[int]], num_microbatches: int) -> Orders:
+    """List scheduling with the longest-remaining-path priority (simulate.py)."""
+    return list_schedule(profile, topology, bounds, devices, num_microbatches).orders

@@ -1,0 +1,119 @@
+"""A pipeline plan: stage boundaries, the devices of each stage, and the order
+of forward (F) and backward (B) tasks on every device.
+
+Replication: a stage on r devices is data-parallel; micro-batch m runs on its
+replica m % r, so every task costs exactly what the profile says, and the
+replicas all-reduce the stage's gradients after their last backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+FORWARD, BACKWARD = "F", "B"
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    kind: str  # FORWARD or BACKWARD
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}s{self.stage}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    bounds: Tuple[int, ...]                 # stage s = layers [bounds[s], bounds[s+1])
+    devices: Tuple[Tuple[int, ...], ...]    # stage s -> its replicas' devices
+    orders: Dict[int, Tuple[Task, ...]]     # device -> its tasks in execution order
+    num_microbatches: int
+    name: str = "plan"
+    predicted_ms: Optional[float] = field(default=None, compare=False)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.devices)
+
+    def stage_layers(self, s: int) -> Tuple[int, int]:
+        return self.bounds[s], self.bounds[s + 1]
+
+    def device_of(self, stage: int, microbatch: int) -> int:
+        group = self.devices[stage]
+        return group[microbatch % len(group)]
+
+    def stage_of_device(self, device: int) -> Optional[Tuple[int, int]]:
+        """(stage, replica index) of a device, None if it is unused."""
+        for s, group in enumerate(self.devices):
+            if device in group:
+                return s, group.index(device)
+        return None
+
+    def microbatches_of(self, stage: int, replica: int) -> List[int]:
+        r = len(self.devices[stage])
+        return [m for m in range(self.num_microbatches) if m % r == replica]
+
+    def with_orders(self, orders: Dict[int, Sequence[Task]], name: Optional[str] = None) -> "Plan":
+        return replace(self, orders={d: tuple(o) for d, o in orders.items()}, name=name or self.name,
+                       predicted_ms=None)
+
+    def describe(self) -> str:
+        parts = [f"[{a}:{b})@{','.join(map(str, g))}" for (a, b), g in
+                 zip(zip(self.bounds, self.bounds[1:]), self.devices)]
+        t = f" {self.predicted_ms:.1f} ms" if self.predicted_ms is not None else ""
+        return f"{self.name}: {' '.join(parts)}{t}"
+
+    def validate(self, num_layers: int, num_devices: int) -> None:
+        """Structure only (the simulator finds orders that deadlock)."""
+        check_sizes(num_layers, num_devices, self.num_stages, self.num_microbatches)
+        b = self.bounds
+        if len(b) != self.num_stages + 1 or b[0] != 0 or b[-1] != num_layers or any(x >= y for x, y in zip(b, b[1:])):
+            raise ValueError(f"dearcomm: plan {self.name!r}: stage bounds {b} must rise strictly from 0 to "
+                             f"{num_layers} with one more entry than the {self.num_stages} stages")
+        seen: Dict[int, int] = {}
+        for s, group in enumerate(self.devices):
+            if not group:
+                raise ValueError(f"dearcomm: plan {self.name!r}: stage {s} has no device")
+            for d in group:
+                if not 0 <= d < num_devices:
+                    raise ValueError(f"dearcomm: plan {self.name!r}: stage {s} uses device {d}; "
+                                     f"the topology has devices 0..{num_devices - 1}")
+                if d in seen:
+                    raise ValueError(f"dearcomm: plan {self.name!r}: device {d} is in stages {seen[d]} and {s}; "
+                                     "a device holds one stage")
+                seen[d] = s
+        for d in self.orders:
+            if d not in seen:
+                raise ValueError(f"dearcomm: plan {self.name!r}: device {d} has tasks but holds no stage")
+        for s, group in enumerate(self.devices):
+            for j, d in enumerate(group):
+                mine = self.microbatches_of(s, j)
+                want = sorted(Task(k, s, m) for k in (FORWARD, BACKWARD) for m in mine)
+                got = list(self.orders.get(d, ()))
+                if sorted(got) != want:
+                    raise ValueError(f"dearcomm: plan {self.name!r}: device {d} (stage {s}, replica {j}) must run "
+                                     f"F and B of micro-batches {mine} once each; got {[str(t) for t in got]}")
+                pos = {t: i for i, t in enumerate(got)}
+                for m in mine:
+                    if pos[Task(BACKWARD, s, m)] < pos[Task(FORWARD, s, m)]:
+                        raise ValueError(f"dearcomm: plan {self.name!r}: device {d} runs B{m} before F{m}")
+
+
+def check_sizes(num_layers: int, num_devices: int, num_stages: Optional[int], num_microbatches: int) -> None:
+    """The errors every entry point shares: named values, expected vs got."""
+    if num_microbatches is None or int(num_microbatches) != num_microbatches or num_microbatches < 1:
+        raise ValueError(f"dearcomm: num_microbatches must be a positive integer, got {num_microbatches!r}")
+    if num_layers < 1:
+        raise ValueError(f"dearcomm: the profile must have at least one layer, got {num_layers}")
+    if num_devices < 1:
+        raise ValueError(f"dearcomm: the topology must have at least one device, got {num_devices}")
+    if num_stages is not None:
+        if num_stages < 1:
+            raise ValueError(f"dearcomm: num_stages must be >= 1, got {num_stages}")
+        if num_stages > num_layers:
+            raise ValueError(f"dearcomm: {num_stages} stages but only {num_layers} layers; a stage needs at least "
+                             f"one layer, so use at most {num_layers} stages")
+        if num_stages > num_devices:
+            raise ValueError(f"dearcomm: {num_stages} stages but only {num_devices} devices; a device holds one "
+                             f"stage, so use at most {num_devices} stages")

@@ -1,0 +1,185 @@
+"""Per-layer costs of a model: what the planner, the baselines and the
+simulator all read. Times are milliseconds for ONE micro-batch, sizes are bytes.
+
+A profile is a chain of layers (topological order). `cut_bytes[i]` is what
+crosses the boundary after layer i when the model is split there: the outputs
+of every layer at or before i that a layer after i consumes (skip connections
+included), and the same number of gradient bytes flow back.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+SHARED_PROFILES = os.environ.get("DEARCOMM_PROFILES", "/work/shared/profiles/layer_profiles.json")
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    name: str
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: float  # this layer's output, per micro-batch
+    param_bytes: float
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    layers: Tuple[LayerProfile, ...]
+    cut_bytes: Tuple[float, ...]  # len(layers) - 1 entries, see the module docstring
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"dearcomm: profile {self.name!r} has no layers; expected at least one")
+        if len(self.cut_bytes) != len(self.layers) - 1:
+            raise ValueError(f"dearcomm: profile {self.name!r}: expected {len(self.layers) - 1} cut sizes "
+                             f"(one per boundary between layers), got {len(self.cut_bytes)}")
+        for layer in self.layers:
+            if min(layer.forward_ms, layer.backward_ms, layer.activation_bytes, layer.param_bytes) < 0:
+                raise ValueError(f"dearcomm: layer {layer.name!r} of {self.name!r} has a negative cost: {layer}")
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    # Stage costs: layers [a, b).
+    def forward_ms(self, a: int, b: int) -> float:
+        return sum(l.forward_ms for l in self.layers[a:b])
+
+    def backward_ms(self, a: int, b: int) -> float:
+        return sum(l.backward_ms for l in self.layers[a:b])
+
+    def param_bytes(self, a: int, b: int) -> float:
+        return sum(l.param_bytes for l in self.layers[a:b])
+
+    def boundary_bytes(self, b: int) -> float:
+        """Bytes that cross a split before layer b (0 < b < len)."""
+        return self.cut_bytes[b - 1]
+
+    def total_ms(self) -> float:
+        return sum(l.forward_ms + l.backward_ms for l in self.layers)
+
+
+def chain(name: str, layers: Sequence[LayerProfile]) -> ModelProfile:
+    """A profile whose layers feed only their successor."""
+    return ModelProfile(name, tuple(layers), tuple(l.activation_bytes for l in layers[:-1]))
+
+
+def from_graph(name: str, layers: Sequence[LayerProfile], edges: Sequence[Tuple[str, str]]) -> ModelProfile:
+    """A profile of a layer graph in topological order: a split carries every
+    output that some later layer reads. Edges naming layers that are not in
+    `layers` are ignored; a boundary that no known edge crosses falls back to
+    the chain assumption (the last layer's output)."""
+    index = {l.name: i for i, l in enumerate(layers)}
+    last_reader: Dict[int, int] = {}
+    for src, dst in edges:
+        if src in index and dst in index and index[dst] > index[src]:
+            last_reader[index[src]] = max(last_reader.get(index[src], -1), index[dst])
+    cuts = []
+    for b in range(1, len(layers)):
+        live = [i for i, reader in last_reader.items() if i < b <= reader]
+        cuts.append(sum(layers[i].activation_bytes for i in live) if live else layers[b - 1].activation_bytes)
+    return ModelProfile(name, tuple(layers), tuple(cuts))
+
+
+def shared_profile_names(path: str = SHARED_PROFILES) -> List[str]:
+    with open(path) as f:
+        return sorted(json.load(f))
+
+
+def load_shared_profile(name: str, path: str = SHARED_PROFILES) -> ModelProfile:
+    """One model of shared/profiles/layer_profiles.json, e.g. 'pipedream/vgg16'."""
+    with open(path) as f:
+        models = json.load(f)
+    if name not in models:
+        raise ValueError(f"dearcomm: no profile {name!r} in {path}; expected one of {sorted(models)}")
+    entry = models[name]
+    layers = [LayerProfile(l["id"], float(l["fwd_ms"]), float(l["bwd_ms"]), float(l["act_bytes"]),
+                           float(l["param_bytes"])) for l in entry["layers"]]
+    return from_graph(name, layers, [tuple(e) for e in entry.get("edges", [])])
+
+
+def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
+    """Merges neighbouring layers into at most `max_layers` blocks of similar
+    compute, so that planning stays fast on 100-400-layer graphs. Among the
+    cut points near each equal-time mark, the one with the fewest bytes wins
+    (planners only split at block boundaries, so cheap cuts must survive)."""
+    n = len(profile)
+    if max_layers < 1:
+        raise ValueError(f"dearcomm: coarsen() needs max_layers >= 1, got {max_layers}")
+    if n <= max_layers:
+        return profile
+    total = profile.total_ms() or float(n)
+    prefix = [0.0]
+    for l in profile.layers:
+        prefix.append(prefix[-1] + ((l.forward_ms + l.backward_ms) if profile.total_ms() else 1.0))
+    cuts, start = [], 0
+    for k in range(1, max_layers):
+        target = total * k / max_layers
+        # Candidate cuts b (split before layer b) whose prefix time is near the mark.
+        window = [b for b in range(start + 1, n) if abs(prefix[b] - target) <= 0.5 * total / max_layers]
+        if not window:
+            window = [min(range(start + 1, n), key=lambda b: abs(prefix[b] - target))] if start + 1 < n else []
+        if not window:
+            break
+        b = min(window, key=lambda b: (profile.boundary_bytes(b), abs(prefix[b] - target), b))
+        if b > start and b not in cuts:
+            cuts.append(b)
+            start = b
+    bounds = [0] + cuts + [n]
+    layers, cut_bytes = [], []
+    for a, b in zip(bounds, bounds[1:]):
+        group = profile.layers[a:b]
+        name = group[0].name if len(group) == 1 else f"{group[0].name}..{group[-1].name}"
+        layers.append(LayerProfile(name, profile.forward_ms(a, b), profile.backward_ms(a, b),
+                                   group[-1].activation_bytes, profile.param_bytes(a, b)))
+        if b < n:
+            cut_bytes.append(profile.boundary_bytes(b))
+    return ModelProfile(profile.name, tuple(layers), tuple(cut_bytes))
+
+
+def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] = None,
+                       repeats: int = 5, warmup: int = 2, name: str = "sequential") -> ModelProfile:
+    """Times every child of an nn.Sequential on CPU for one micro-batch
+    `sample`: forward per child, backward per child (the gradient of its output
+    fed back by hand), median of `repeats`. The last child's backward includes
+    the loss when `loss_fn(output, target)` is given."""
+    import statistics
+
+    import torch
+
+    children = list(model.children())
+    if not children:
+        raise ValueError("dearcomm: profile_sequential() needs a model with children (an nn.Sequential)")
+    fwd = [[] for _ in children]
+    bwd = [[] for _ in children]
+    acts: List[float] = [0.0] * len(children)
+    for it in range(warmup + repeats):
+        x = sample
+        for i, child in enumerate(children):
+            x_in = x.detach().requires_grad_(x.is_floating_point())
+            t0 = time.perf_counter()
+            out = child(x_in)
+            t1 = time.perf_counter()
+            if it >= warmup:
+                fwd[i].append((t1 - t0) * 1e3)
+            acts[i] = float(out.numel() * out.element_size())
+            if i == len(children) - 1 and loss_fn is not None:
+                t0 = time.perf_counter()
+                loss_fn(out, target).backward()
+            else:
+                grad = torch.ones_like(out)
+                t0 = time.perf_counter()
+                out.backward(grad)
+            t1 = time.perf_counter()
+            if it >= warmup:
+                bwd[i].append((t1 - t0) * 1e3)
+            x = out.detach()
+    model.zero_grad(set_to_none=True)
+    layers = [LayerProfile(f"{i}:{type(c).__name__}", statistics.median(f), statistics.median(b), a,
+                           float(sum(p.numel() * p.element_size() for p in c.parameters())))
+              for i, (c, f, b, a) in enumerate(zip(children, fwd, bwd, acts))]
+    return chain(name, layers)

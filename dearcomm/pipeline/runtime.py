@@ -1,0 +1,153 @@
+"""Runs a plan for real: one process per device (torchrun or any
+torch.distributed group, rank = device), each holding its stage's layers of
+an nn.Sequential, activations and gradients sent point-to-point (gloo
+isend/irecv), a synchronous update after every micro-batch.
+
+Usage contract (as for collectives): every rank builds the same model from
+the same seed, the same plan (plan on one rank and broadcast it, or plan
+deterministically everywhere), and calls step() with the same global batch.
+
+One step:
+  1. every receive this device will need is posted up front (irecv into
+     preallocated buffers, tag 2m for micro-batch m's activation, 2m+1 for
+     its gradient), so a sender never waits for its peer to reach the matching
+     call: transfers start as soon as their producer ends, as the simulator
+     assumes;
+  2. the device runs its plan order: F waits for its activation, runs the
+     stage and isends the output; B waits for its gradient, runs backward and
+     isends the input's gradient (the last stage's B starts from the loss,
+     scaled by 1/M so that the sum is the global batch's mean);
+  3. it waits for its sends, all-reduces (sum) the gradients among its
+     stage's replicas (one flat buffer), and the optimizer steps.
+Deadlock freedom comes from the plan: simulate() rejects orders that
+deadlock, and the process group's timeout ends anything else in an error.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .plan import BACKWARD, FORWARD, Plan
+
+
+class PipelineRuntime:
+    def __init__(self, model: nn.Sequential, plan: Plan, loss_fn: Callable, optimizer_factory: Callable,
+                 sample_microbatch: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> None:
+        """model: every rank's identical copy (each keeps its stage's children);
+        loss_fn(output, target) -> mean loss of a micro-batch;
+        optimizer_factory(params) -> the optimizer of this rank's stage;
+        sample_microbatch: one micro-batch of inputs, to learn the boundary shapes."""
+        if not dist.is_initialized():
+            raise RuntimeError("dearcomm: PipelineRuntime needs torch.distributed to be initialised first")
+        children = list(model.children())
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.group = group
+        plan.validate(len(children), self.world)
+        self.plan, self.loss_fn = plan, loss_fn
+        S = plan.num_stages
+        where = plan.stage_of_device(self.rank)
+        self.stage, self.replica = where if where is not None else (None, None)
+        # Boundary shapes and dtypes from one no-grad pass of the whole model.
+        self._boundary: List[torch.Tensor] = []
+        with torch.no_grad():
+            x = sample_microbatch
+            for s in range(S):
+                a, b = plan.stage_layers(s)
+                for child in children[a:b]:
+                    x = child(x)
+                self._boundary.append(torch.empty_like(x))
+        # Every rank creates every replica group, in stage order (new_group is collective).
+        self._replicas = None
+        for s, devices in enumerate(plan.devices):
+            if len(devices) > 1:
+                g = dist.new_group(list(devices)) if group is None else dist.new_group(
+                    [dist.get_global_rank(group, d) for d in devices])
+                if s == self.stage:
+                    self._replicas = g
+        self._last_group = None
+        if len(plan.devices[-1]) > 1:
+            self._last_group = self._replicas if self.stage == S - 1 else None
+        if self.stage is None:
+            self.module, self.optimizer = None, None
+            return
+        a, b = plan.stage_layers(self.stage)
+        self.module = nn.Sequential(*children[a:b])
+        params = list(self.module.parameters())
+        self.optimizer = optimizer_factory(params) if params else None  # e.g. a stage of activations only
+        self.order = plan.orders[self.rank]
+        self.task_ms: Dict = {}  # (kind, microbatch) -> compute ms of the last step
+
+    def _peer(self, stage: int, microbatch: int) -> int:
+        d = self.plan.device_of(stage, microbatch)
+        return d if self.group is None else dist.get_global_rank(self.group, d)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[float]:
+        """One synchronous iteration on the global batch; returns the global
+        batch's mean loss on last-stage ranks, None elsewhere."""
+        if self.stage is None:
+            return None
+        plan, s, S, M = self.plan, self.stage, self.plan.num_stages, self.plan.num_microbatches
+        if inputs.shape[0] % M:
+            raise ValueError(f"dearcomm: the global batch ({inputs.shape[0]} samples) must divide into "
+                             f"{M} equal micro-batches")
+        xs, ys = inputs.chunk(M), targets.chunk(M)
+        mine = plan.microbatches_of(s, self.replica)
+        acts, grads, recvs = {}, {}, {}
+        for m in mine:  # 1. post every receive now
+            if s > 0:
+                acts[m] = torch.empty_like(self._boundary[s - 1])
+                recvs[FORWARD, m] = dist.irecv(acts[m], self._peer(s - 1, m), group=self.group, tag=2 * m)
+            if s < S - 1:
+                grads[m] = torch.empty_like(self._boundary[s])
+                recvs[BACKWARD, m] = dist.irecv(grads[m], self._peer(s + 1, m), group=self.group, tag=2 * m + 1)
+        sends, saved, loss_sum = [], {}, 0.0
+        for task in self.order:  # 2. the plan's order
+            m = task.microbatch
+            if task.kind == FORWARD:
+                if s == 0:
+                    x = xs[m]
+                else:
+                    recvs[FORWARD, m].wait()
+                    x = acts[m].requires_grad_(acts[m].is_floating_point())
+                t0 = time.perf_counter()
+                out = self.module(x)
+                if s == S - 1:
+                    out = self.loss_fn(out, ys[m]) / M
+                    loss_sum += float(out.detach())
+                self.task_ms[FORWARD, m] = (time.perf_counter() - t0) * 1e3
+                if s < S - 1:
+                    sends.append(dist.isend(out.detach().contiguous(), self._peer(s + 1, m), group=self.group,
+                                            tag=2 * m))
+                saved[m] = (x, out)
+            else:
+                x, out = saved.pop(m)
+                if s < S - 1:
+                    recvs[BACKWARD, m].wait()
+                t0 = time.perf_counter()
+                out.backward(None if s == S - 1 else grads[m])
+                self.task_ms[BACKWARD, m] = (time.perf_counter() - t0) * 1e3
+                if s > 0:
+                    sends.append(dist.isend(x.grad.contiguous(), self._peer(s - 1, m), group=self.group,
+                                            tag=2 * m + 1))
+        for w in sends:  # 3. drain, reduce among replicas, update
+            w.wait()
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self._replicas is not None and params:
+            flat = torch._utils._flatten_dense_tensors([p.grad for p in params])
+            dist.all_reduce(flat, group=self._replicas)
+            for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in params])):
+                p.grad.copy_(g)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if s != S - 1:
+            return None
+        if self._last_group is not None:
+            total = torch.tensor([loss_sum], dtype=torch.float64)
+            dist.all_reduce(total, group=self._last_group)
+            loss_sum = float(total)
+        return loss_sum

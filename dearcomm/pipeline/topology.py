@@ -1,0 +1,195 @@
+"""Devices and the links between them: bandwidth, latency, and which shared
+resources (a link, a NIC's sending or receiving side) a transfer occupies.
+
+Connectivity is arbitrary: a pair with no direct link is routed over the
+widest path (largest bottleneck bandwidth, then fewest hops), paying every
+hop's latency and occupying every hop's resources. A device with no link at
+all, or devices split into islands, are errors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+GB = 1e9
+Resource = Hashable
+
+
+@dataclass(frozen=True)
+class Topology:
+    """bandwidth[i][j]: bytes/s of the direct link i -> j (0: none);
+    latency[i][j]: seconds per message on it; resources[(i, j)]: what a
+    transfer i -> j holds while it runs (default: the link itself), so that
+    transfers sharing a NIC queue behind each other."""
+    bandwidth: Tuple[Tuple[float, ...], ...]
+    latency: Tuple[Tuple[float, ...], ...]
+    name: str = "custom"
+    link_resources: Dict[Tuple[int, int], Tuple[Resource, ...]] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.bandwidth)
+        if n < 1:
+            raise ValueError("dearcomm: a topology needs at least one device, got an empty bandwidth matrix")
+        for name, m in (("bandwidth", self.bandwidth), ("latency", self.latency)):
+            if len(m) != n or any(len(row) != n for row in m):
+                raise ValueError(f"dearcomm: topology {self.name!r}: {name} must be {n}x{n}, "
+                                 f"got rows of lengths {[len(r) for r in m]}")
+            if any(v < 0 for row in m for v in row):
+                raise ValueError(f"dearcomm: topology {self.name!r}: {name} has a negative entry")
+        if n > 1:
+            lonely = [i for i in range(n) if not any(self.bandwidth[i][j] > 0 or self.bandwidth[j][i] > 0
+                                                     for j in range(n) if j != i)]
+            if lonely:
+                raise ValueError(f"dearcomm: topology {self.name!r}: device(s) {lonely} have no link to any other "
+                                 "device; give them a bandwidth > 0 to at least one device or leave them out")
+        object.__setattr__(self, "_routes", _widest_routes(self.bandwidth))
+        missing = [(i, j) for i in range(n) for j in range(n) if i != j and self._routes[i][j] is None]
+        if missing:
+            raise ValueError(f"dearcomm: topology {self.name!r} is disconnected: no path {missing[0][0]} -> "
+                             f"{missing[0][1]} ({len(missing)} pairs without a route); connect the islands")
+
+    @property
+    def size(self) -> int:
+        return len(self.bandwidth)
+
+    def route(self, src: int, dst: int) -> List[int]:
+        return self._routes[src][dst]
+
+    def link_bandwidth(self, src: int, dst: int) -> float:
+        """Bytes/s of the route src -> dst (its narrowest hop)."""
+        hops = self.route(src, dst)
+        return min(self.bandwidth[a][b] for a, b in zip(hops, hops[1:]))
+
+    def link_latency(self, src: int, dst: int) -> float:
+        hops = self.route(src, dst)
+        return sum(self.latency[a][b] for a, b in zip(hops, hops[1:]))
+
+    def resources(self, src: int, dst: int) -> Tuple[Resource, ...]:
+        hops = self.route(src, dst)
+        out: List[Resource] = []
+        for a, b in zip(hops, hops[1:]):
+            out.extend(self.link_resources.get((a, b), (("link", a, b),)))
+        return tuple(out)
+
+    def transfer_ms(self, src: int, dst: int, nbytes: float) -> Tuple[float, float]:
+        """(occupancy, latency) in ms of sending nbytes src -> dst: the route's
+        resources are busy for the occupancy; the data arrive latency later."""
+        if src == dst or nbytes <= 0:
+            return 0.0, 0.0
+        return nbytes / self.link_bandwidth(src, dst) * 1e3, self.link_latency(src, dst) * 1e3
+
+    def allreduce_ms(self, devices: Sequence[int], nbytes: float) -> float:
+        """Ring all-reduce over `devices` in that order: 2(r-1) steps of n/r
+        bytes, each paced by the ring's slowest hop (ALGORITHMS.md, α-β)."""
+        r = len(devices)
+        if r < 2 or nbytes <= 0:
+            return 0.0
+        ring = list(zip(devices, devices[1:] + devices[:1]))
+        bw = min(self.link_bandwidth(a, b) for a, b in ring)
+        alpha = max(self.link_latency(a, b) for a, b in ring)
+        return (2 * (r - 1) * alpha + 2 * (r - 1) / r * nbytes / bw) * 1e3
+
+    def allreduce_resources(self, devices: Sequence[int]) -> Tuple[Resource, ...]:
+        ring = list(zip(devices, list(devices[1:]) + list(devices[:1])))
+        return tuple(dict.fromkeys(r for a, b in ring for r in self.resources(a, b)))
+
+    def permuted_signature(self, order: Sequence[int]) -> Tuple:
+        """What a device order looks like to a planner: orders with the same
+        signature give the same plans, so mapping search tries only one."""
+        return tuple((self.link_bandwidth(a, b) if a != b else 0.0, self.link_latency(a, b) if a != b else 0.0,
+                      self._resource_class(a, b)) for a in order for b in order)
+
+    def _resource_class(self, a: int, b: int) -> Tuple:
+        # Which other transfers this one shares resources with, as relative ranks.
+        return tuple(sorted(type(r).__name__ + str(r[0]) if isinstance(r, tuple) else str(r)
+                            for r in (self.resources(a, b) if a != b else ())))
+
+
+def _widest_routes(bw: Sequence[Sequence[float]]) -> List[List[Optional[List[int]]]]:
+    n = len(bw)
+    routes: List[List[Optional[List[int]]]] = [[None] * n for _ in range(n)]
+    for s in range(n):
+        # Dijkstra-like: maximise the bottleneck, then minimise hops.
+        best = {s: (float("inf"), 0)}
+        prev: Dict[int, int] = {}
+        done = set()
+        while True:
+            cands = [(v, k) for k, v in best.items() if k not in done]
+            if not cands:
+                break
+            (width, hops), u = max(cands, key=lambda c: (c[0][0], -c[0][1], -c[1]))
+            done.add(u)
+            for v in range(n):
+                if v != u and bw[u][v] > 0 and v not in done:
+                    cand = (min(width, bw[u][v]), hops + 1)
+                    if v not in best or (cand[0], -cand[1]) > (best[v][0], -best[v][1]):
+                        best[v], prev[v] = cand, u
+        for t in range(n):
+            if t == s:
+                routes[s][t] = [s]
+            elif t in done:
+                path = [t]
+                while path[-1] != s:
+                    path.append(prev[path[-1]])
+                routes[s][t] = path[::-1]
+    return routes
+
+
+# ---- presets ----------------------------------------------------------------------
+
+def uniform(n: int, gbytes_per_s: float = 10.0, latency_us: float = 5.0, name: str = "") -> Topology:
+    """Every pair on its own link of the same speed."""
+    bw = tuple(tuple(0.0 if i == j else gbytes_per_s * GB for j in range(n)) for i in range(n))
+    lat = tuple(tuple(0.0 if i == j else latency_us * 1e-6 for j in range(n)) for i in range(n))
+    return Topology(bw, lat, name or f"uniform-{gbytes_per_s:g}GB/s")
+
+
+def switched(rates: Sequence[float], latency_us: float = 30.0, name: str = "") -> Topology:
+    """One NIC per device into a switch: rates[i] bytes/s each way. A transfer
+    i -> j runs at min(rate_i, rate_j) and holds i's sending side and j's
+    receiving side, as netlab's tbf on both ends of every veth does."""
+    n = len(rates)
+    bw = tuple(tuple(0.0 if i == j else min(rates[i], rates[j]) for j in range(n)) for i in range(n))
+    lat = tuple(tuple(0.0 if i == j else latency_us * 1e-6 for j in range(n)) for i in range(n))
+    res = {(i, j): (("out", i), ("in", j)) for i in range(n) for j in range(n) if i != j}
+    return Topology(bw, lat, name or "switched", res)
+
+
+def servers(n: int, per_server: int, nvlink_pairs: bool, intra_gbps: float, nvlink_gbps: float,
+            nic_gbps: float, intra_latency_us: float = 2.0, nic_latency_us: float = 30.0,
+            name: str = "") -> Topology:
+    """Servers of `per_server` devices: NVLink between devices 2k and 2k+1 of a
+    server (if nvlink_pairs), the intra-server bus (PCIe) between the others, and
+    one NIC per server shared by every transfer that leaves or enters it."""
+    bw = [[0.0] * n for _ in range(n)]
+    lat = [[0.0] * n for _ in range(n)]
+    res: Dict[Tuple[int, int], Tuple[Resource, ...]] = {}
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            si, sj = i // per_server, j // per_server
+            if si == sj and nvlink_pairs and i // 2 == j // 2:
+                bw[i][j], lat[i][j] = nvlink_gbps * GB, intra_latency_us * 1e-6
+            elif si == sj:
+                bw[i][j], lat[i][j] = intra_gbps * GB, intra_latency_us * 1e-6
+                res[(i, j)] = (("bus", si, i, j),)
+            else:
+                bw[i][j], lat[i][j] = nic_gbps * GB, nic_latency_us * 1e-6
+                res[(i, j)] = (("nic-out", si), ("nic-in", sj))
+    return Topology(tuple(map(tuple, bw)), tuple(map(tuple, lat)), name or f"servers-{per_server}", res)
+
+
+PRESETS = ("nvlink-pairs", "ethernet-10g")
+
+
+def preset(name: str, n: int) -> Topology:
+    """The two connectivity presets of the benchmark:
+    - nvlink-pairs: servers of 4 GPUs, NVLink pairs (~100 GB/s), PCIe between
+      the pairs (~12 GB/s), one 10GbE NIC (~1.1 GB/s, 30 µs) per server;
+    - ethernet-10g: one GPU per host, every host on 10GbE (~1.1 GB/s, 30 µs)."""
+    if name == "nvlink-pairs":
+        return servers(n, 4, True, intra_gbps=12.0, nvlink_gbps=100.0, nic_gbps=1.1, name=name)
+    if name == "ethernet-10g":
+        return switched([1.1 * GB] * n, latency_us=30.0, name=name)
+    raise ValueError(f"dearcomm: unknown topology preset {name!r}; expected one of {PRESETS}")

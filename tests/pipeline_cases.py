@@ -1,0 +1,71 @@
+"""Small pipeline problems shared by the pipeline tests: random profiles and
+topologies (seeded), and an independent checker of a simulated schedule."""
+from __future__ import annotations
+
+import random
+from typing import List
+
+from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, ModelProfile, Plan, SimResult, Task, Topology, chain, servers,
+                               switched, uniform)
+
+
+def random_profile(layers: int, seed: int) -> ModelProfile:
+    rng = random.Random(seed)
+    return chain(f"rand{seed}", [LayerProfile(f"l{i}", rng.uniform(1, 10), rng.uniform(2, 20),
+                                              rng.choice([1e5, 1e6, 5e6, 2e7]), rng.uniform(0, 4e7))
+                                 for i in range(layers)])
+
+
+def topologies(n: int) -> List[Topology]:
+    out = [uniform(n, 5.0), switched([1e9 * (0.5 + (i % 2)) for i in range(n)])]
+    if n >= 2:
+        out.append(servers(n, 2, True, intra_gbps=10, nvlink_gbps=50, nic_gbps=0.5))
+    return out
+
+
+def check_schedule(plan: Plan, result: SimResult, topology: Topology) -> None:
+    """Every task once on its device, no device runs two tasks at once, every
+    dependency (with its transfer) respected, transfers that share a resource
+    never overlap, and the devices ran the plan's orders."""
+    eps = 1e-6
+    compute = {}
+    for s in result.spans:
+        if s.lane == "compute":
+            assert s.task not in compute, f"{s.task} ran twice"
+            assert s.device == plan.device_of(s.task.stage, s.task.microbatch), f"{s.task} on device {s.device}"
+            compute[s.task] = s
+    S, M = plan.num_stages, plan.num_microbatches
+    want = {Task(k, st, m) for k in (FORWARD, BACKWARD) for st in range(S) for m in range(M)}
+    assert set(compute) == want, f"missing tasks {sorted(map(str, want - set(compute)))}"
+    for d in {s.device for s in compute.values()}:
+        mine = sorted((s for s in compute.values() if s.device == d), key=lambda s: (s.start_ms, s.end_ms))
+        for a, b in zip(mine, mine[1:]):
+            assert b.start_ms >= a.end_ms - eps, f"device {d} runs {a.task} and {b.task} at once"
+        assert tuple(s.task for s in mine) == plan.orders[d], f"device {d} did not follow its order"
+    transfers = {(s.kind, s.task): s for s in result.spans if s.kind in ("act", "grad")}
+    for st in range(S):
+        for m in range(M):
+            f, b = compute[Task(FORWARD, st, m)], compute[Task(BACKWARD, st, m)]
+            assert b.start_ms >= f.end_ms - eps, f"B before F: stage {st} mb {m}"
+            if st > 0:
+                prev = compute[Task(FORWARD, st - 1, m)]
+                x = transfers.get(("act", f.task))
+                lat = topology.transfer_ms(prev.device, f.device, 1)[1]
+                ready = prev.end_ms if x is None else x.end_ms + lat
+                assert x is None or x.start_ms >= prev.end_ms - eps
+                assert f.start_ms >= ready - eps, f"{f.task} starts before its activation arrives"
+            if st < S - 1:
+                nxt = compute[Task(BACKWARD, st + 1, m)]
+                x = transfers.get(("grad", b.task))
+                lat = topology.transfer_ms(nxt.device, b.device, 1)[1]
+                ready = nxt.end_ms if x is None else x.end_ms + lat
+                assert x is None or x.start_ms >= nxt.end_ms - eps
+                assert b.start_ms >= ready - eps, f"{b.task} starts before its gradient arrives"
+    comm = [s for s in result.spans if s.kind in ("act", "grad")]
+    for i, a in enumerate(comm):
+        ra = set(topology.resources(a.device, a.peer))
+        for b in comm[i + 1:]:
+            if ra & set(topology.resources(b.device, b.peer)):
+                assert a.end_ms <= b.start_ms + eps or b.end_ms <= a.start_ms + eps, \
+                    f"transfers {a.task} and {b.task} overlap on a shared resource"
+    assert result.makespan_ms >= max(s.end_ms for s in result.spans) - eps

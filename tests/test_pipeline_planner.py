@@ -1,0 +1,58 @@
+"""The planner against the brute-force optimum on small cases (≤ 8 layers,
+≤ 4 devices), its determinism, and its errors. One process.
+
+The worst ratio over these cases is printed (pytest -s) and asserted ≤ 1.05;
+`benchmarks/pipeline_bench.py optimality` runs a larger sweep."""
+import pytest
+
+from dearcomm.pipeline import LayerProfile, chain, uniform
+from dearcomm.pipeline.brute_force import brute_force
+from dearcomm.pipeline.planner import plan_pipeline
+from tests.pipeline_cases import check_schedule, random_profile, topologies
+
+CASES = [(4, 2, 4, 2), (6, 3, 4, 2), (5, 4, 3, 2), (6, 4, 6, 1)]  # (layers, devices, micro-batches, seeds)
+
+
+def test_planner_is_near_the_brute_force_optimum():
+    from dearcomm.pipeline import simulate
+    ratios = []
+    for L, D, M, seeds in CASES:
+        for seed in range(seeds):
+            profile = random_profile(L, seed + 10 * L)
+            for topo in topologies(D):
+                best = brute_force(profile, topo, M)
+                plan = plan_pipeline(profile, topo, M)
+                check_schedule(plan, simulate(plan, profile, topo), topo)
+                ratios.append((plan.predicted_ms / best.predicted_ms, f"L={L} D={D} M={M} seed={seed} {topo.name}"))
+    worst = max(ratios)
+    print(f"\nplanner / brute force over {len(ratios)} cases: worst {worst[0]:.4f} ({worst[1]}), "
+          f"mean {sum(r for r, _ in ratios) / len(ratios):.4f}")
+    assert min(r for r, _ in ratios) >= 1 - 1e-9, "the brute force must be at least as good as the planner"
+    assert worst[0] <= 1.05, worst
+
+
+def test_planner_is_deterministic_and_predicts_its_simulation():
+    from dearcomm.pipeline import simulate
+    profile, topo = random_profile(8, seed=7), topologies(4)[2]
+    a, b = plan_pipeline(profile, topo, 6), plan_pipeline(profile, topo, 6)
+    assert a == b and a.predicted_ms == b.predicted_ms
+    assert simulate(a, profile, topo).makespan_ms == pytest.approx(a.predicted_ms)
+
+
+def test_one_device_is_plain_training():
+    profile = random_profile(3, seed=1)
+    plan = plan_pipeline(profile, uniform(1), 4)
+    assert plan.bounds == (0, 3) and plan.devices == ((0,),)
+    assert plan.predicted_ms == pytest.approx(4 * profile.total_ms())
+
+
+def test_planner_errors_name_the_problem():
+    profile = random_profile(3, seed=1)
+    with pytest.raises(ValueError, match="num_microbatches must be a positive integer, got 0"):
+        plan_pipeline(profile, uniform(2), 0)
+    with pytest.raises(ValueError, match="5 stages but only 3 layers"):
+        plan_pipeline(profile, uniform(8), 4, max_stages=5)
+    with pytest.raises(ValueError, match="brute_force\\(\\) is for at most 8 layers"):
+        brute_force(random_profile(9, seed=0), uniform(2), 2)
+    with pytest.raises(ValueError, match="has a negative cost"):
+        chain("bad", [LayerProfile("x", -1.0, 1.0, 0.0, 0.0)])
