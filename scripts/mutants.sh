@@ -5,7 +5,7 @@
 # The unpatched tree must pass the same tests first. Exit status 0 only if
 # every mutant is caught. The working tree is never modified.
 #
-#   bash scripts/mutants.sh                 # every mutant (about 15 minutes on 2 cores)
+#   bash scripts/mutants.sh                 # every mutant (about 20 minutes on 2 cores)
 #   bash scripts/mutants.sh 07 13           # only these (number or name prefix)
 #   bash scripts/mutants.sh --working-tree  # HEAD plus uncommitted changes
 #   PYTHON=/path/to/python bash scripts/mutants.sh
