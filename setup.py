@@ -51,10 +51,11 @@ def find_nccl():
 
 
 def cuda_part():
-    """(include, lib) of NCCL if the CUDA part should be built, else None."""
+    """(include, lib) of NCCL if the CUDA part should be built, else None; and
+    why it is not built (None if it is)."""
     wanted = os.environ.get("DEARCOMM_CUDA", "auto")
     if wanted == "0":
-        return None
+        return None, "DEARCOMM_CUDA=0"
     missing = []
     if torch.version.cuda is None:
         missing.append(f"torch {torch.__version__} is a CPU-only build")
@@ -69,8 +70,36 @@ def cuda_part():
         if wanted == "1":
             sys.exit(message + " (DEARCOMM_CUDA=1 requires it)")
         print(message, file=sys.stderr)
-        return None
-    return nccl
+        return None, "; ".join(missing)
+    return nccl, None
+
+
+CUDA_REQUESTED = os.environ.get("DEARCOMM_CUDA", "auto")
+BUILD_CONFIG = os.path.join("dearcomm", "_build_config.py")
+
+
+def write_build_config(directory, skipped):
+    """Records what this build was asked for and did, for build_info() (and
+    tests/test_build.py, which must tell a DEARCOMM_CUDA=0 build from one
+    that silently lost its CUDA part)."""
+    path = os.path.join(directory, BUILD_CONFIG)
+    text = (
+        '"""Written by setup.py when dearcomm was built; not in git."""\n'
+        f"CUDA_REQUESTED = {CUDA_REQUESTED!r}  # DEARCOMM_CUDA at build time: '0', '1' or 'auto'\n"
+        f"CUDA_SKIPPED = {skipped!r}  # why the CUDA part was not built; None: it was\n"
+    )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+class BuildExtensionRecordingConfig(BuildExtension.with_options(use_ninja=True)):
+    def run(self):
+        write_build_config(ROOT, cuda_skipped)  # in place (editable installs, build_ext --inplace)
+        if not self.inplace:
+            write_build_config(self.build_lib, cuda_skipped)  # into the wheel
+        super().run()
 
 
 extensions = [
@@ -81,7 +110,7 @@ extensions = [
         extra_compile_args={"cxx": CXX_FLAGS},
     )
 ]
-nccl = cuda_part()
+nccl, cuda_skipped = cuda_part()
 if nccl is not None:
     nccl_include, nccl_lib = nccl
     extensions.append(
@@ -105,5 +134,5 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch==2.14.1"],
     ext_modules=extensions,
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtensionRecordingConfig},
 )

@@ -3,6 +3,7 @@ links libcudart and NCCL, which a CPU-only torch does not provide."""
 from __future__ import annotations
 
 import datetime
+import os
 import itertools
 from types import ModuleType
 from typing import Optional
@@ -15,13 +16,30 @@ _REBUILD = ("rebuild with nvcc (CUDA_HOME) and NCCL's headers (pip install nvidi
 _engine_ids = itertools.count()  # every rank builds engines in the same order
 
 
+_load_error: Optional[str] = None  # why dearcomm._C_cuda did not import
+
+
 def load() -> Optional[ModuleType]:
     """dearcomm._C_cuda, or None if this build has no CUDA part (or cannot load it)."""
+    global _load_error
     try:
         from . import _C_cuda
-    except ImportError:
+    except ImportError as e:
+        _load_error = str(e)
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.dirname(os.path.abspath(_C_cuda.__file__)) != here:
+        # An editable install's import finder falls back to its own checkout for
+        # a module this copy lacks (a worktree on PYTHONPATH built without CUDA):
+        # that _C_cuda was built against another _C and another engine.
+        _load_error = f"dearcomm._C_cuda found at {_C_cuda.__file__}, outside this copy of dearcomm ({here})"
         return None
     return _C_cuda
+
+
+def load_error() -> Optional[str]:
+    """The ImportError of the last load() that failed, or None."""
+    return _load_error
 
 
 def nccl_backend(group: dist.ProcessGroup, device: torch.device, timeout: datetime.timedelta):

@@ -284,8 +284,8 @@ def sharded_round_trip_worker(rank, world_size, directory):
 # ---- forward order changes --------------------------------------------------------
 
 class Reordering(nn.Module):
-    """Runs its two blocks in the recorded order on even steps and swapped on
-    odd ones; both orders are valid computations."""
+    """Runs its two blocks in the recorded order (a, b) or, with swap set,
+    the other way round; both are valid computations."""
 
     def __init__(self):
         super().__init__()
@@ -299,7 +299,17 @@ class Reordering(nn.Module):
         return self.head(torch.tanh(second(torch.tanh(first(x)))))
 
 
+# Three steps in the recorded order, then swapped, back, and swapped again.
+SWAPS = [False, False, False, True, False, True]
+
+
 def reorder_worker(rank, world_size):
+    """Guards two things apart: (1) forwards in the recorded order find every
+    all-gather issued by step() (a hook that issues its own bucket's, on every
+    forward, fails in the first steps); (2) a forward in another order waits
+    for the buckets its modules need, not for the next in the recorded order
+    (it would read stale parameters: its loss differs at that very step),
+    and issues nothing late either."""
     def run(schedule, update):
         torch.manual_seed(0)
         model = Reordering()
@@ -307,20 +317,31 @@ def reorder_worker(rank, world_size):
         optimizer, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference))
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
         g = torch.Generator().manual_seed(5)
-        for step in range(4):
-            model.swap = reference.swap = step % 2 == 1
+        wrong = []  # collected, not raised: every rank must keep issuing the same collectives
+        for step, swap in enumerate(SWAPS):
+            model.swap = reference.swap = swap
             x, y = torch.randn(world_size * 3, 5, generator=g), torch.randint(0, 2, (world_size * 3,), generator=g)
+            mine, theirs = local_slice(x, rank, world_size), local_slice(y, rank, world_size)
             optimizer.zero_grad()
-            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+            loss = F.cross_entropy(model(mine), theirs)
+            loss.backward()
             optimizer.step()
+            with torch.no_grad():  # the reference's parameters are those the forward above had to see
+                expected = F.cross_entropy(reference(mine), theirs)
             ref_opt.zero_grad()
             F.cross_entropy(reference(x), y).backward()
             ref_opt.step()
+            what = f"step {step} ({'swapped' if swap else 'recorded'} order)"
+            if not torch.allclose(loss.detach(), expected, **TOL):
+                wrong.append(f"{what}: loss {loss.item()} where the reference's parameters give {expected.item()}")
+            misses = model._dear.engine.prefetch_misses
+            if misses and not any("issued by a forward hook" in w for w in wrong):
+                wrong.append(f"{what}: {misses} all-gather(s) issued by a forward hook, not by step(); " + (
+                    "in the recorded order: every forward gathers for itself" if not any(SWAPS[:step + 1])
+                    else "after a reordered forward"))
         model.sync()
+        assert not wrong, "\n".join(wrong)
         assert_same_parameters(model, reference, "after swapped forwards")
-        # step() issues every all-gather, so a forward in another order finds
-        # them all in flight: none is issued late by a hook.
-        assert model._dear.engine.prefetch_misses == 0
     return each_schedule(rank, world_size, run)
 
 
