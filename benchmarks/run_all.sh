@@ -12,6 +12,7 @@ run() { local name=$1; shift; echo "### $name: $*"; "$@" 2>&1 | grep -v "^W1\|so
 run overhead .venv/bin/torchrun --nproc_per_node=2 benchmarks/overhead.py --json $out/overhead.json
 run collectives-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --dtypes fp32 --max-bytes 67108864 --json $out/collectives-loopback.json
 run fusion-loopback .venv/bin/torchrun --nproc_per_node=2 benchmarks/collectives.py --fusion 200x4-64KiB --json $out/fusion-loopback.json
+run grad-views .venv/bin/torchrun --nproc_per_node=2 benchmarks/grad_views.py --rounds 6 --json $out/grad-views.json
 run collectives-1gbit $py benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/collectives.py --dtypes fp32 --min-bytes 1048576 --max-bytes 67108864 --json $out/collectives-1gbit.json
 # Per-rank batches: mlp 256 puts C/T_bwd near DeAR's sweet spot at 1 Gbit/s; resnet and gpt are
 # compute-bound here (one core per rank), gpt at batch 8 (x 64 tokens) to keep the run short.

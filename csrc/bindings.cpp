@@ -59,8 +59,10 @@ std::shared_ptr<Engine> make_engine(
     const std::string& update,
     double timeout_seconds,
     const py::object& backend_capsule,
-    const py::object& comm_dtype) {
+    const py::object& comm_dtype,
+    bool grad_views) {
   EngineOptions options;
+  options.grad_views = grad_views;
   TORCH_CHECK_VALUE(schedule == "dear" || schedule == "wfbp", "dearcomm: unknown schedule '", schedule, "'");
   TORCH_CHECK_VALUE(update == "sharded" || update == "replicated", "dearcomm: unknown update '", update, "'");
   options.schedule = schedule == "dear" ? Schedule::kDear : Schedule::kWfbp;
@@ -179,10 +181,17 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
            py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
-           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none())
+           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none(), py::arg("grad_views") = true)
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)
+      .def_property_readonly("packed_params", &Engine::packed_params)
+      .def("grad_view", [](const Engine& engine, int64_t param) -> py::object {
+        at::Tensor view = engine.grad_view(param);
+        return view.defined() ? py::cast(view) : py::none();
+      }, py::arg("param"))
+      .def_property_readonly("uses_grad_views", &Engine::uses_grad_views)
+      .def("zero_grads", &Engine::zero_grads, py::arg("params"), py::arg("set_to_none"))
       .def("finish_reductions", &Engine::finish_reductions, release())
       .def("start_gathers", &Engine::start_gathers, release())
       .def("skip_step", &Engine::skip_step)

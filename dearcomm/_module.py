@@ -54,6 +54,11 @@ class DearModule:
         finally:
             runtime.sync_gradients = previous
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As optimizer.zero_grad(): a .grad that is a view into its gradient
+        bucket is zero-filled in place and kept, whatever ``set_to_none`` says."""
+        self._dear.zero_grad(list(self.parameters()), set_to_none)
+
     def register_update_hook(self, hook):
         """Calls ``hook([(name, parameter), ...])`` for each bucket once its
         parameters hold the result of the last ``optimizer.step()`` — with

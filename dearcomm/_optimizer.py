@@ -226,6 +226,14 @@ class DistributedOptimizer(Optimizer):
                 group.clear()
                 group.update(original)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero-fills the gradient buckets that .grad points into (one fill per
+        bucket) and keeps .grad as those views, for ``set_to_none`` True or
+        False: the next backward then accumulates straight into the buckets
+        (as DDP with gradient_as_bucket_view=True, or Megatron's main_grad).
+        A .grad that is no bucket view gets torch's zero_grad(set_to_none)."""
+        self._runtime.zero_grad([p for group in self.param_groups for p in group["params"]], set_to_none)
+
     # ---- gradient clipping ------------------------------------------------------
 
     @torch.no_grad()

@@ -14,12 +14,15 @@ Hooks and what they do:
   forward pre-hook on the root (broadcast_buffers=True, model has buffers)
       training forward: rank 0's buffers to every rank, as DDP does.
   post-accumulate-grad hook (every parameter that requires grad)
-      engine.mark_grad_ready(i, grad): pack, and launch reductions in order;
-      the first one of a backward queues the end-of-backward callback, which
-      checks that every parameter got its gradient and (wfbp) finishes the
-      all-reduces so that .grad holds the average when backward returns, as
-      with DDP; (dear) notes the gradients' version counters, which step()
-      checks.
+      engine.mark_grad_ready(i, grad): pack (nothing to pack where .grad is
+      its bucket view: autograd accumulated into the bucket), and launch
+      reductions in order; the first one of a backward queues the
+      end-of-backward callback, which checks that every parameter got its
+      gradient and finishes the reductions where .grad is what they read or
+      write (wfbp: .grad holds the average when backward returns, as with
+      DDP; dear with .grad views: the reduce-scatters read .grad, which code
+      between backward and step(), such as GradScaler.unscale_, may write);
+      (dear) notes the gradients' version counters, which step() checks.
 
 Every hook holds the runtime weakly (a dropped model is freed by reference
 counting, although the engine's C++ side keeps the parameters alive) and is
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -48,6 +52,12 @@ _BUFFER_BROADCAST_BYTES = 250 * 1024 * 1024
 # Called with [(name, parameter), ...] of one bucket once its parameters hold
 # the result of the last optimizer.step().
 UpdateHook = Callable[[List[Tuple[str, nn.Parameter]]], None]
+
+
+def grad_views_enabled() -> bool:
+    """DEARCOMM_GRAD_VIEWS=0 keeps .grad out of the buckets (every backward
+    packs): a switch for A/B measurements and debugging, not a tuning knob."""
+    return os.environ.get("DEARCOMM_GRAD_VIEWS", "1") != "0"
 
 
 def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
@@ -181,6 +191,11 @@ class DearRuntime:
         if self.options.schedule == "wfbp":
             engine.finish_reductions()  # .grad holds the average once backward returns, as with DDP
         else:
+            if engine.uses_grad_views:
+                # The reduce-scatters read .grad's memory: done before the user's
+                # code may write .grad (scaler.unscale_, clipping, logging). step()
+                # would wait for them next anyway.
+                engine.finish_reductions()
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
 
     # ---- what step() checks and reports -------------------------------------
@@ -251,7 +266,7 @@ class DearRuntime:
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
-            self.options.comm_dtype,
+            self.options.comm_dtype, grad_views_enabled(),
         )
         # A model dropped right after step() still has all-gathers in flight
         # into the engine's buffers: they must finish before the engine goes.
@@ -320,6 +335,35 @@ class DearRuntime:
         order = [by_name[name] for name in everyone[0][1]]
         used = set(order)
         return order + [p for p in self.names if p not in used]
+
+    def zero_grad(self, params, set_to_none: bool = True) -> None:
+        """zero_grad() of the optimizer and of the module: a .grad that is a
+        view into its bucket is zero-filled in place and kept, whatever
+        ``set_to_none`` says (as DDP with gradient_as_bucket_view=True); any
+        other .grad gets torch's zero_grad(set_to_none)."""
+        engine, others = self.engine, []
+        if engine is None:
+            others = list(params)
+        else:
+            mine = []
+            for param in params:
+                i = self.index.get(param)
+                if i is None:
+                    others.append(param)
+                else:
+                    mine.append(i)
+            engine.zero_grads(mine, set_to_none)
+        for param in others:
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                if param.grad.grad_fn is not None:
+                    param.grad.detach_()
+                else:
+                    param.grad.requires_grad_(False)
+                param.grad.zero_()
 
     def sync(self) -> None:
         if self.engine is not None:

@@ -39,10 +39,13 @@ def wrap(
     first backward lays out fused buckets in that order and builds the engine.
 
     In every iteration, schedule="dear":
-      * backward: each bucket's gradients are packed as they arrive; once a
-        bucket is complete its reduce-scatter starts (last bucket first).
+      * backward: ``.grad`` is a view into its bucket (after the first step,
+        where comm_dtype allows), so autograd accumulates straight into the
+        bucket; other gradients are packed. Once a bucket is complete its
+        reduce-scatter starts (last bucket first).
         ``.grad`` keeps this rank's local gradient; changing it before step()
         is an error (clip with ``optimizer.clip_grad_norm_`` or max_grad_norm).
+        ``optimizer.zero_grad()`` zero-fills the buckets and keeps the views.
       * ``optimizer.step()``: waits for the reduce-scatters. update="sharded":
         runs your optimizer on this rank's 1/p shard of fp32 master parameters,
         then issues the all-gathers of every bucket's parameters, in order.

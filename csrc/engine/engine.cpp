@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace dearcomm {
@@ -44,13 +45,16 @@ struct Engine::Bucket {
   // one go (one fused launch on GPU); indexed like `offsets`.
   std::vector<at::Tensor> arrived;
   std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
-  // Packed local gradients (padded). Replicated update: also the output of the
-  // all-gather of averaged gradient shards (the packed data is consumed by then).
+  // Local gradients (padded): packed, or accumulated in place by autograd where
+  // .grad is a view into it (has_grad_views).
   at::Tensor grads;
+  bool has_grad_views = false;
   at::Tensor grad_shard;    // dear: this rank's averaged gradient shard (communication dtype)
   at::Tensor master_grad;   // sharded: grad_shard in fp32 for the optimizer (aliases it if fp32)
+  at::Tensor gathered_comm; // replicated: the all-gather's output, in the communication dtype;
+                            // `grads` (its data is consumed by then) unless .grad views live there
   at::Tensor gathered;      // replicated: all-gathered averaged gradients in the parameters'
-                            // dtype (aliases `grads` when the dtypes agree)
+                            // dtype (aliases `gathered_comm` when the dtypes agree)
   at::Tensor master;        // sharded: fp32 master parameters, this rank's shard
   at::Tensor gather_input;  // sharded: `master` in the parameters' dtype (aliases it for fp32)
   at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
@@ -59,6 +63,12 @@ struct Engine::Bucket {
 };
 
 namespace {
+// A tensor over `view`'s memory that is not an autograd view of it: it keeps
+// the storage alive, but its version counter is its own.
+at::Tensor alias_with_own_version(const at::Tensor& view) {
+  return at::empty({0}, view.options()).set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -89,6 +99,7 @@ Engine::Engine(BucketLayout layout,
 
   const int64_t rank = backend_->rank();
   buckets_.resize(layout_.buckets.size());
+  grad_views_.resize(params_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
     Bucket& bucket = buckets_[b];
@@ -104,12 +115,22 @@ Engine::Engine(BucketLayout layout,
     bucket.arrived.resize(spec.num_params);
     // Zeroed once: the pad is never written, so it stays zero through every collective.
     bucket.grads = at::zeros({spec.padded_numel}, comm);
+    // .grad can live in the bucket only where the bucket holds it as it is.
+    bucket.has_grad_views = options_.grad_views && comm_dtype(b) == spec.dtype && pre_divide(b) == 1.0;
+    if (bucket.has_grad_views) {
+      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+        grad_views_[p] = alias_with_own_version(param_view(bucket.grads, p));
+      }
+    }
     if (options_.schedule == Schedule::kDear) {
       bucket.grad_shard = at::zeros({spec.shard_numel}, comm);
       if (options_.update == Update::kSharded) {
         bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard : at::zeros({spec.shard_numel}, opts.dtype(at::kFloat));
       } else {
-        bucket.gathered = comm_dtype(b) == spec.dtype ? bucket.grads : at::zeros({spec.padded_numel}, opts);
+        // Averaged gradients must not land in .grad's views: zero_grad() and the
+        // next backward write those while the all-gathers are still in flight.
+        bucket.gathered_comm = bucket.has_grad_views ? at::zeros({spec.padded_numel}, comm) : bucket.grads;
+        bucket.gathered = comm_dtype(b) == spec.dtype ? bucket.gathered_comm : at::zeros({spec.padded_numel}, opts);
       }
     }
     if (options_.update == Update::kSharded) {
@@ -159,6 +180,23 @@ at::Tensor Engine::param_view(const at::Tensor& flat, int64_t param) const {
   return flat.narrow(0, slot.offset, slot.numel).view(params_[param].sizes());
 }
 
+bool Engine::is_grad_view(int64_t param, const at::Tensor& grad) const {
+  // By address, not identity: any tensor over exactly this slot is in place.
+  const at::Tensor& view = grad_views_[param];
+  return view.defined() && grad.defined() && grad.device() == view.device() && grad.data_ptr() == view.data_ptr() &&
+         grad.sizes() == view.sizes() && grad.strides() == view.strides();
+}
+
+at::Tensor Engine::grad_view(int64_t param) const {
+  TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
+      "dearcomm: parameter index ", param, " out of range");
+  return grad_views_[param];
+}
+
+bool Engine::uses_grad_views() const {
+  return std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.has_grad_views; });
+}
+
 void Engine::check_bucket_index(int64_t bucket) const {
   TORCH_CHECK_INDEX(bucket >= 0 && bucket < static_cast<int64_t>(buckets_.size()),
       "dearcomm: bucket ", bucket, " out of range [0, ", buckets_.size(), ")");
@@ -177,6 +215,10 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   if (state_ == IterationState::kGathering) {
     flush();  // every pending all-gather goes out before this backward's first reduction
   }
+  // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
+  TORCH_CHECK(state_ != IterationState::kReduced,
+      "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
+      "call optimizer.step() after every backward");
   TORCH_CHECK(state_ == IterationState::kIdle || state_ == IterationState::kBackward,
       "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state_),
       "; backward must not run inside optimizer.step()");
@@ -187,6 +229,7 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       bucket.state = BucketState::kFilling;
     }
     next_reduction_ = 0;
+    packed_params_ = 0;
     state_ = IterationState::kBackward;
   }
   TORCH_CHECK(!grad_ready_[param],
@@ -259,9 +302,31 @@ void Engine::check_backward_complete() const {
 
 void Engine::start_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
-  {
+  const BucketSpec& spec = layout_.buckets[b];
+  // A gradient that autograd accumulated into its bucket view is in place already.
+  std::vector<at::Tensor> sources;
+  std::vector<int64_t> offsets, packed;
+  for (int64_t i = 0; i < spec.num_params; ++i) {
+    const int64_t p = spec.first_param + i;
+    if (!is_grad_view(p, bucket.arrived[i])) {
+      sources.push_back(bucket.arrived[i]);
+      offsets.push_back(bucket.offsets[i]);
+      packed.push_back(p);
+    }
+  }
+  if (!sources.empty()) {
     DEARCOMM_RANGE("pack", b);
-    backend_->pack(bucket.arrived, bucket.offsets, bucket.grads, pre_divide(b));
+    backend_->pack(sources, offsets, bucket.grads, pre_divide(b));
+  }
+  packed_params_ += static_cast<int64_t>(packed.size());
+  // As DDP's reducer does: a .grad that was None or replaced becomes the view
+  // (same values), so the next backward accumulates in place. A .grad that is
+  // part of a graph (backward(create_graph=True)) is left alone.
+  for (int64_t p : packed) {
+    at::Tensor& grad = params_[p].mutable_grad();
+    if (grad_views_[p].defined() && (!grad.defined() || !grad.requires_grad())) {
+      grad = grad_views_[p];
+    }
   }
   std::fill(bucket.arrived.begin(), bucket.arrived.end(), at::Tensor());  // the user owns .grad again
   if (options_.schedule == Schedule::kDear) {
@@ -376,16 +441,82 @@ void Engine::bind_params_to_gather_buffers() {
 void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
   const BucketSpec& spec = layout_.buckets[b];
   std::vector<at::Tensor> grads;
-  grads.reserve(spec.num_params);
+  std::vector<int64_t> offsets;
   for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
     at::Tensor& grad = params_[p].mutable_grad();
+    if (is_grad_view(p, grad)) {
+      continue;  // averaged in place
+    }
     if (!grad.defined()) {
       grad = at::empty_like(params_[p]);
     }
     grads.push_back(grad);
+    offsets.push_back(layout_.params[p].offset);
   }
-  DEARCOMM_RANGE("unpack", b);
-  backend_->unpack(flat, buckets_[b].offsets, grads);
+  if (!grads.empty()) {
+    DEARCOMM_RANGE("unpack", b);
+    backend_->unpack(flat, offsets, grads);
+  }
+}
+
+void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
+  std::vector<bool> selected(params_.size(), false);
+  for (int64_t p : params) {
+    TORCH_CHECK_INDEX(p >= 0 && p < static_cast<int64_t>(params_.size()), "dearcomm: parameter index ", p,
+                      " out of range");
+    selected[p] = true;
+  }
+  // In kBackward the reductions launched so far may still read the buckets
+  // (complete backwards finish them at their end, so this is one that raised).
+  const bool buckets_in_use = state_ == IterationState::kBackward;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const BucketSpec& spec = layout_.buckets[b];
+    std::vector<int64_t> views;      // selected parameters whose .grad is their view
+    bool others_keep_views = false;  // a parameter not selected (another optimizer's) has its view
+    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+      at::Tensor& grad = params_[p].mutable_grad();
+      const bool view = is_grad_view(p, grad);
+      if (!selected[p]) {
+        others_keep_views = others_keep_views || view;
+      } else if (view && params_[p].sizes() != grad.sizes()) {
+        // The parameter changed shape after wrap(): without .grad, the next
+        // backward reaches the engine's check (a clear error) instead of
+        // failing inside autograd's accumulation into the old shape.
+        grad.reset();
+      } else if (view && !buckets_in_use) {
+        views.push_back(p);
+      } else if (grad.defined()) {  // torch's zero_grad
+        if (set_to_none) {
+          grad.reset();
+        } else if (view) {
+          grad = at::zeros_like(grad);
+        } else {
+          if (grad.grad_fn()) {
+            grad.detach_();
+          } else {
+            grad.requires_grad_(false);
+          }
+          grad.zero_();
+        }
+      }
+    }
+    if (views.empty()) {
+      continue;
+    }
+    if (others_keep_views) {
+      for (int64_t p : views) {
+        params_[p].mutable_grad().zero_();
+      }
+      continue;
+    }
+    buckets_[b].grads.zero_();  // one fill; the other slots are overwritten by their pack anyway
+    for (int64_t p : views) {
+      // The fill went through the bucket: count it as a write to each .grad, as
+      // torch's zero_() would (a zero_grad() between backward and step() must
+      // make step() raise, as without views).
+      params_[p].grad().unsafeGetTensorImpl()->bump_version();
+    }
+  }
 }
 
 // ---- forward -------------------------------------------------------------
@@ -399,7 +530,7 @@ void Engine::start_gather(int64_t b) {
     }
     bucket.pending = backend_->all_gather(bucket.gather_input, bucket.params);
   } else {
-    bucket.pending = backend_->all_gather(bucket.grad_shard, bucket.grads);
+    bucket.pending = backend_->all_gather(bucket.grad_shard, bucket.gathered_comm);
   }
   bucket.state = BucketState::kGathering;
   bucket.launched_ns = tracing_ ? now_ns() : -1;
@@ -419,8 +550,8 @@ void Engine::finish_gather(int64_t b) {
     trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
-  if (options_.update == Update::kReplicated && !bucket.gathered.is_same(bucket.grads)) {
-    bucket.gathered.copy_(bucket.grads);  // to the parameters' dtype
+  if (options_.update == Update::kReplicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
+    bucket.gathered.copy_(bucket.gathered_comm);  // to the parameters' dtype
   }
   if (options_.update == Update::kReplicated && update_fn_) {
     DEARCOMM_RANGE("update", b);

@@ -72,6 +72,9 @@ struct EngineOptions {
   // Master shards and the optimizer stay fp32 either way.
   c10::ScalarType comm_dtype = c10::ScalarType::Undefined;
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Make .grad a view into its bucket wherever the bucket holds gradients as
+  // they are (see Engine::grad_view); off only for A/B measurements and debugging.
+  bool grad_views = true;
 };
 
 class Engine {
@@ -92,6 +95,27 @@ class Engine {
   std::vector<int64_t> missing_grads() const;
   // Raises, naming them, if some parameters got no gradient in this backward.
   void check_backward_complete() const;
+  // Parameters whose gradient the last backward copied into its bucket: those
+  // whose .grad was not (yet) their bucket view. 0 in steady state with views.
+  int64_t packed_params() const { return packed_params_; }
+
+  // ---- gradients as bucket views (as DDP's gradient_as_bucket_view) -------
+  // Where a bucket communicates gradients in the parameters' dtype without
+  // pre-division, each parameter's .grad is made a tensor that aliases its slot
+  // of the bucket: autograd's AccumulateGrad then adds straight into the bucket
+  // and backward packs nothing. The alias shares the bucket's memory but has its
+  // own version counter (it is not an autograd view), so step()'s check that
+  // .grad was not changed after backward stays per parameter and the engine's
+  // own writes to the bucket never count as the user's.
+  // Undefined where the bucket cannot hold .grad as it is.
+  at::Tensor grad_view(int64_t param) const;
+  bool uses_grad_views() const;
+  // zero_grad() for `params`: a .grad that is its bucket view is zero-filled in
+  // place and kept (one fill per bucket when all of its parameters are
+  // selected), whatever `set_to_none` says; any other .grad gets torch's
+  // zero_grad(set_to_none). Between a backward and the end of its reductions
+  // (a backward that raised) the buckets are left alone: views are dropped.
+  void zero_grads(const std::vector<int64_t>& params, bool set_to_none);
 
   // ---- step ------------------------------------------------------------
   // Waits for every reduction and averages. wfbp: the averaged gradients are
@@ -151,6 +175,7 @@ class Engine {
   void mark_all_current();
   void copy_grads_to_params(int64_t bucket, const at::Tensor& flat);
   at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
+  bool is_grad_view(int64_t param, const at::Tensor& grad) const;
   c10::ScalarType comm_dtype(int64_t bucket) const;
   double pre_divide(int64_t bucket) const;  // scale applied while packing
   [[noreturn]] void fail_collective(const char* what, int64_t bucket, const std::exception& e) const;
@@ -170,6 +195,8 @@ class Engine {
   int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
   bool params_bound_ = false;
   int64_t prefetch_misses_ = 0;
+  int64_t packed_params_ = 0;            // this backward, see packed_params()
+  std::vector<at::Tensor> grad_views_;   // per parameter; undefined where impossible
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
