@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 namespace py = pybind11;
 
@@ -74,14 +75,20 @@ struct TestWatchdog {
   std::shared_ptr<std::weak_ptr<Watchdog>> self = std::make_shared<std::weak_ptr<Watchdog>>();
   std::shared_ptr<Watchdog> watchdog;
 
-  TestWatchdog(double timeout_ms, double poll_ms) {
+  std::shared_ptr<std::atomic<int64_t>> failures_started = std::make_shared<std::atomic<int64_t>>(0);
+
+  // on_failure_ms: how long the failure hook takes (an abort in progress).
+  TestWatchdog(double timeout_ms, double poll_ms, double on_failure_ms) {
     WatchdogHooks hooks;
     hooks.on_thread_start = [starts = thread_starts] { starts->fetch_add(1); };
     hooks.async_error = [error = async_error, mutex = async_mutex] {
       std::lock_guard<std::mutex> lock(*mutex);
       return *error;
     };
-    hooks.on_failure = [count = failures, early = published_before_handled, self = self](const std::string&) {
+    hooks.on_failure = [count = failures, started = failures_started, early = published_before_handled,
+                        self = self, on_failure_ms](const std::string&) {
+      started->fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(on_failure_ms));
       if (auto w = self->lock()) {
         early->store(w->failed());
       }
@@ -115,7 +122,8 @@ void register_testing(py::module& parent) {
       .def_property_readonly("polls", &FakeCompletion::polls);
 
   py::class_<TestWatchdog>(m, "Watchdog")
-      .def(py::init<double, double>(), py::arg("timeout_ms"), py::arg("poll_ms"))
+      .def(py::init<double, double, double>(), py::arg("timeout_ms"), py::arg("poll_ms"),
+           py::arg("on_failure_ms") = 0.0)
       .def("watch", [](TestWatchdog& w, std::shared_ptr<FakeCompletion> c, std::string what) {
         w.watchdog->watch(std::move(c), std::move(what));
       }, py::call_guard<py::gil_scoped_release>())
@@ -129,6 +137,7 @@ void register_testing(py::module& parent) {
       .def_property_readonly("in_flight", [](const TestWatchdog& w) { return w.watchdog->in_flight(); })
       .def_property_readonly("rounds", [](const TestWatchdog& w) { return w.watchdog->rounds(); })
       .def_property_readonly("failures_handled", [](const TestWatchdog& w) { return w.failures->load(); })
+      .def_property_readonly("failures_started", [](const TestWatchdog& w) { return w.failures_started->load(); })
       .def_property_readonly("thread_starts", [](const TestWatchdog& w) { return w.thread_starts->load(); })
       .def_property_readonly("published_before_handled",
                              [](const TestWatchdog& w) { return w.published_before_handled->load(); });

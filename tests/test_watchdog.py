@@ -172,22 +172,16 @@ def test_teardown_after_a_watchdog_abort_frees_nothing_more():
     assert (outcome, destroyed, aborted, queries) == ("already aborted", 0, 0, 0)
 
 
-def test_teardown_racing_a_timeout_never_destroys_an_aborted_communicator():
-    """A timeout firing while teardown starts: either the watchdog's abort
-    completes first and teardown frees nothing, or teardown wins and no abort
-    runs after it. Never both."""
-    for _ in range(20):
-        watchdog = _testing.Watchdog(timeout_ms=5, poll_ms=1)
-        watchdog.watch(_testing.FakeCompletion(), "reduce-scatter")
-        time.sleep(0.004)
-        outcome, destroyed, aborted, _ = _testing.teardown(watchdog, idle_after_polls=0, grace_ms=1000)
-        handled = watchdog.failures_handled
-        time.sleep(0.01)
-        assert watchdog.failures_handled == handled, "the watchdog acted after teardown"
-        if handled:
-            assert (outcome, destroyed) == ("already aborted", 0)
-        else:
-            assert (outcome, destroyed, aborted) == ("destroyed", 1, 0)
+def test_teardown_during_a_watchdog_abort_waits_for_it_and_frees_nothing_more():
+    """Guards against reading the watchdog's verdict before stopping it: a
+    timeout handled (communicator being aborted) while teardown starts would
+    then be followed by a destroy of the aborted communicator."""
+    watchdog = _testing.Watchdog(timeout_ms=20, poll_ms=5, on_failure_ms=300)
+    watchdog.watch(_testing.FakeCompletion(), "reduce-scatter")
+    assert wait_until(lambda: watchdog.failures_started == 1)  # the abort is in progress now
+    outcome, destroyed, aborted, queries = _testing.teardown(watchdog, idle_after_polls=0, grace_ms=1000)
+    assert watchdog.failures_handled == 1
+    assert (outcome, destroyed, aborted, queries) == ("already aborted", 0, 0, 0)
 
 
 def test_event_pool_reuses_events():
