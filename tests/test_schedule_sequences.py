@@ -1,0 +1,102 @@
+"""What one iteration does, per schedule: the engine's states and the
+collectives it issues, in order. These tests say what each schedule does
+(instead of reading the engine to find out), and they hold every rank to the
+same collective sequence whatever order its gradients arrive in, which is what
+keeps gloo and NCCL from pairing the wrong collectives.
+
+The engine is driven directly (gloo, real processes): gradients arrive by
+mark_grad_ready in a rank-dependent order, then step() and the next forward's
+waits, as dearcomm's hooks would call them."""
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dearcomm import _C
+from tests.multiprocess import run_workers
+
+SIZES = [300, 200, 100, 50, 25, 12, 7]  # forward order
+CAP_BYTES = 1200                        # -> buckets [300], [200, 100], [50, 25, 12, 7] after bucket 0
+SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+
+
+def arrival_order(rank):
+    """Rank 0: the usual backward order (last layer first). Others: shuffled,
+    as when autograd runs independent branches in another order."""
+    order = list(reversed(range(len(SIZES))))
+    if rank:
+        random.Random(rank).shuffle(order)
+    return order
+
+
+def one_iteration(rank, world_size, schedule, update):
+    layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
+    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(SIZES))], dist.group.WORLD, schedule, update,
+                       60.0)
+    engine.set_tracing(True)
+    states = [str(engine.state).split(".")[-1]]
+
+    def note():
+        state = str(engine.state).split(".")[-1]
+        if state != states[-1]:
+            states.append(state)
+
+    for p in arrival_order(rank):
+        engine.mark_grad_ready(p, torch.full((SIZES[p],), float(rank + 1)))
+        note()
+    engine.check_backward_complete()
+    engine.finish_reductions()  # step(): wait for every reduction ...
+    note()
+    engine.start_gathers()      # ... and issue what the next forward needs
+    note()
+    for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
+        engine.require_bucket(b)
+        note()
+    collectives = sorted(engine.take_trace(), key=lambda e: e["launched_ns"])
+    return len(layout.buckets), states, [(e["kind"], e["bucket"]) for e in collectives], engine.prefetch_misses
+
+
+EXPECTED = {
+    # name: (states, collectives given B buckets)
+    ("dear", "sharded"): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
+                          lambda B: [("reduce_scatter", b) for b in reversed(range(B))] +
+                                    [("all_gather", b) for b in range(B)]),
+    ("dear", "replicated"): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
+                             lambda B: [("reduce_scatter", b) for b in reversed(range(B))] +
+                                       [("all_gather", b) for b in range(B)]),
+    ("wfbp", "replicated"): (["IDLE", "BACKWARD", "REDUCED", "IDLE"],
+                             lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+}
+
+
+def sequences_worker(rank, world_size):
+    return {f"{s}-{u}": one_iteration(rank, world_size, s, u) for s, u in SCHEDULES}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_each_schedule_walks_its_states_and_issues_its_collectives_in_order(world_size):
+    results = run_workers(sequences_worker, world_size)
+    for schedule, update in SCHEDULES:
+        name = f"{schedule}-{update}"
+        expected_states, expected_collectives = EXPECTED[(schedule, update)]
+        for rank, per_schedule in enumerate(results):
+            buckets, states, collectives, misses = per_schedule[name]
+            assert buckets == 3, f"the sizes were meant to give 3 buckets, got {buckets}"
+            assert states == expected_states, f"{name}, rank {rank}: states {states}"
+            assert collectives == expected_collectives(buckets), f"{name}, rank {rank}: {collectives}"
+            assert misses == 0
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_with_different_gradient_orders_issue_identical_collectives(world_size):
+    """Guards against launching reductions in arrival order: a rank whose
+    gradients come in another order would pair its collectives with the wrong
+    ones of its peers (garbage or a hang)."""
+    assert arrival_order(1) != arrival_order(0)
+    results = run_workers(sequences_worker, world_size)
+    for schedule, update in SCHEDULES:
+        name = f"{schedule}-{update}"
+        sequences = [per_schedule[name][2] for per_schedule in results]
+        assert all(s == sequences[0] for s in sequences), f"{name}: {sequences}"
