@@ -184,9 +184,14 @@ class DearRuntime:
         engine = self.engine
         if self.options.find_unused_parameters:
             for i in engine.missing_grads():
-                if i not in self._zeros:
-                    self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
-                engine.mark_grad_ready(i, self._zeros[i])
+                # As DDP: an unused parameter contributes its .grad, which holds
+                # what earlier no_sync() micro-batches accumulated; zeros if none.
+                grad = self.params[i].grad
+                if grad is None:
+                    if i not in self._zeros:
+                        self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
+                    grad = self._zeros[i]
+                engine.mark_grad_ready(i, grad)
         engine.check_backward_complete()
         if self.options.schedule == "wfbp":
             engine.finish_reductions()  # .grad holds the average once backward returns, as with DDP

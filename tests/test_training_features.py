@@ -145,7 +145,14 @@ class Branchy(nn.Module):
 
 
 def unused_worker(rank, world_size):
+    """Also guards against dropping what no_sync() accumulated for a
+    parameter that the last micro-batch does not use: it must be reduced (as
+    DDP does), not replaced by zeros."""
     def run(schedule, update):
+        run_steps(schedule, update, accumulate=False)
+        run_steps(schedule, update, accumulate=True)
+
+    def run_steps(schedule, update, accumulate):
         torch.manual_seed(0)
         model = Branchy()
         reference = copy.deepcopy(model)
@@ -157,12 +164,19 @@ def unused_worker(rank, world_size):
         for step in range(3):
             x, y = torch.randn(world_size * 4, 6, generator=g), torch.randint(0, 2, (world_size * 4,), generator=g)
             branch_on = lambda r: (r + step) % 2 == 0  # noqa: E731  - used on some ranks only
+            if accumulate:  # a first micro-batch that uses the branch everywhere
+                with model.no_sync():
+                    F.cross_entropy(model(local_slice(x, rank, world_size), True),
+                                    local_slice(y, rank, world_size)).backward()
             F.cross_entropy(model(local_slice(x, rank, world_size), branch_on(rank)),
                             local_slice(y, rank, world_size)).backward()
             optimizer.step()
             optimizer.zero_grad()
             loss = sum(F.cross_entropy(reference(local_slice(x, r, world_size), branch_on(r)),
                                        local_slice(y, r, world_size)) for r in range(world_size)) / world_size
+            if accumulate:
+                loss = loss + sum(F.cross_entropy(reference(local_slice(x, r, world_size), True),
+                                                  local_slice(y, r, world_size)) for r in range(world_size)) / world_size
             loss.backward()
             ref_opt.step()
             ref_opt.zero_grad()
