@@ -11,8 +11,9 @@
 //              then AG(0), AG(1), ..., AG(B-1) issued, running in that order
 //   forward    module of bucket b starts -> wait AG(b) [replicated: update b]
 //
-// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all in
-// step(), the user's optimizer updates full parameters, nothing in forward.
+// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all when
+// backward returns, the user's optimizer updates full parameters in step(),
+// nothing in forward. (schedule/*.cpp say what each schedule decides.)
 //
 // The policy decides which collective runs on which bucket, and when; the
 // engine owns the buffers, ready counts, backend calls, waits and tracing. It
@@ -126,8 +127,8 @@ class Engine {
 
   // ---- step ------------------------------------------------------------
   // Waits for every reduction and averages. All-reduced buckets: the averaged
-  // gradients are copied into each parameter's .grad for the user's optimizer. Idempotent
-  // within a step (gradient clipping finishes the reductions early).
+  // gradients are copied into each parameter's .grad for the user's optimizer.
+  // Idempotent within a step (gradient clipping finishes the reductions early).
   void finish_reductions();
   // Issues the policy's step ops (dear: every all-gather, in bucket order); the
   // next forward's hooks wait for them bucket by bucket. The first call in
