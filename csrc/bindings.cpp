@@ -6,6 +6,7 @@
 #include "backends/cpu/python_tls.h"
 #include "engine/bucket_layout.h"
 #include "engine/engine.h"
+#include "schedule/registry.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -61,12 +62,9 @@ std::shared_ptr<Engine> make_engine(
     const py::object& backend_capsule,
     const py::object& comm_dtype,
     bool grad_views) {
+  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update);  // raises for unknown names
   EngineOptions options;
   options.grad_views = grad_views;
-  TORCH_CHECK_VALUE(schedule == "dear" || schedule == "wfbp", "dearcomm: unknown schedule '", schedule, "'");
-  TORCH_CHECK_VALUE(update == "sharded" || update == "replicated", "dearcomm: unknown update '", update, "'");
-  options.schedule = schedule == "dear" ? Schedule::kDear : Schedule::kWfbp;
-  options.update = update == "sharded" ? Update::kSharded : Update::kReplicated;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
   if (!comm_dtype.is_none()) {
     options.comm_dtype = to_scalar_type(comm_dtype);
@@ -83,13 +81,65 @@ std::shared_ptr<Engine> make_engine(
   } else {
     backend = backend_from_capsule(backend_capsule.cast<py::capsule>());  // e.g. from dearcomm._C_cuda.nccl_backend
   }
-  return std::make_shared<Engine>(std::move(layout), std::move(params), std::move(names), std::move(backend), options);
+  return std::make_shared<Engine>(std::move(layout), std::move(params), std::move(names), std::move(backend),
+                                  std::move(policy), options);
+}
+
+py::list schedules() {
+  py::list out;
+  for (const ScheduleInfo& info : schedule_registry()) {
+    py::dict strategies;
+    for (const UpdateOption& update : info.updates) {
+      strategies[py::str(update.name)] = to_string(update.strategy);
+    }
+    py::dict entry;
+    entry["name"] = info.name;
+    entry["summary"] = info.summary;
+    entry["updates"] = strategies;  // update name -> its strategy, e.g. "sharded" -> "sharded_at_step"
+    entry["default_update"] = info.default_update;
+    out.append(entry);
+  }
+  return out;
+}
+
+py::list as_python(const std::vector<Op>& ops) {
+  py::list out;
+  for (const Op& op : ops) {
+    out.append(py::make_tuple(to_string(op.kind), op.bucket));
+  }
+  return out;
+}
+
+// One iteration of a policy without processes or tensors: the ops it returns
+// at each event, as [(event, [(collective, bucket), ...]), ...].
+py::dict policy_ops(const std::string& schedule, const std::string& update, int64_t num_buckets,
+                    const std::vector<int64_t>& eligible_order) {
+  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update);
+  py::list events;
+  policy->begin_iteration(num_buckets);
+  for (int64_t bucket : eligible_order) {
+    events.append(py::make_tuple("eligible " + std::to_string(bucket), as_python(policy->on_eligible(bucket))));
+  }
+  events.append(py::make_tuple("end_of_backward", as_python(policy->at_end_of_backward())));
+  events.append(py::make_tuple("step", as_python(policy->at_step(num_buckets))));
+  py::dict out;
+  out["events"] = events;
+  out["update_strategy"] = to_string(policy->update_strategy());
+  out["reduction"] = to_string(policy->reduction());
+  out["finish_reductions_at_end_of_backward"] = policy->finish_reductions_at_end_of_backward();
+  return out;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   register_testing(m);
+  m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
+      py::arg("num_buckets"), py::arg("eligible_order"),
+      "The ops a schedule policy returns at each event of one iteration (no processes, no tensors).");
+  m.def("schedules", &schedules,
+        "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
+        "default_update}, ...].");
   m.doc() = "dearcomm engine: fused buckets, decoupled reduce-scatter / all-gather schedules";
 
   py::class_<ParamSlot>(m, "ParamSlot")
@@ -185,6 +235,10 @@ PYBIND11_MODULE(_C, m) {
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)
+      .def("end_backward", &Engine::end_backward, release())
+      .def_property_readonly("finishes_reductions_at_end_of_backward",
+                             &Engine::finishes_reductions_at_end_of_backward)
+      .def_property_readonly("update_strategy", [](const Engine& e) { return to_string(e.update_strategy()); })
       .def_property_readonly("packed_params", &Engine::packed_params)
       .def("grad_view", [](const Engine& engine, int64_t param) -> py::object {
         at::Tensor view = engine.grad_view(param);

@@ -16,6 +16,7 @@ from typing import Dict, Iterator, List, Tuple, Type
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ._options import SHARDED_AT_STEP
 from ._runtime import DearRuntime
 
 _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
@@ -155,7 +156,7 @@ def _before_load(module, *args, **kwargs) -> None:
 
 def _after_load(module, incompatible_keys) -> None:
     runtime = module._dear
-    if runtime.engine is not None and runtime.options.update == "sharded":
+    if runtime.engine is not None and runtime.options.update_strategy == SHARDED_AT_STEP:
         runtime.engine.reload_master_shards()  # the optimizer updates the master copy
 
 

@@ -33,6 +33,7 @@ from torch.optim import Optimizer
 
 from . import _C
 from ._optim_state import Piece, consolidate, load_consolidated
+from ._options import FULL_AFTER_REDUCTION, REPLICATED_BEFORE_USE, SHARDED_AT_STEP
 from ._runtime import DearRuntime, weakly
 
 # GradScaler warns on every step that it will stop passing itself to optimizers
@@ -46,8 +47,10 @@ class DistributedOptimizer(Optimizer):
         self.optimizer = optimizer
         Optimizer.__setstate__(self, {})  # torch's hook tables; the state itself is the user's (below)
         self._runtime = runtime
-        self._update = runtime.options.update
-        self._schedule = runtime.options.schedule
+        self._strategy = runtime.options.update_strategy  # when the update runs
+        # .grad holds the averaged gradient after the reductions (wfbp); else
+        # .grad stays local and the average lives in the engine's shards (dear).
+        self._averaged_in_grad = self._strategy == FULL_AFTER_REDUCTION
         self._shard_optimizer: Optional[Optimizer] = None
         self._pieces: List[Piece] = []                 # sharded: this rank's parts of parameters
         self._bucket_params: List[List[List]] = []     # [bucket][group] -> params (replicated)
@@ -71,12 +74,12 @@ class DistributedOptimizer(Optimizer):
     def _on_engine_built(self, engine: _C.Engine) -> None:
         group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
         layout = engine.layout
-        if self._update == "sharded":
+        if self._strategy == SHARDED_AT_STEP:
             self._build_shard_optimizer(engine, group_of)
             if self._pending_state is not None:  # loaded before the pieces existed
                 pending, self._pending_state = self._pending_state, None
                 self.load_state_dict(pending)
-        elif self._schedule == "dear":
+        elif self._strategy == REPLICATED_BEFORE_USE:
             self._bucket_params = [[[] for _ in self.param_groups] for _ in layout.buckets]
             self._bucket_grads = [[] for _ in layout.buckets]
             for i, param in enumerate(self._runtime.params):
@@ -155,7 +158,7 @@ class DistributedOptimizer(Optimizer):
             for piece in self._pieces:
                 piece.master.grad = piece.grad
             self._shard_optimizer.step()
-        elif self._schedule == "wfbp":
+        elif self._strategy == FULL_AFTER_REDUCTION:
             self.optimizer.step()
         else:  # replicated dear: the update runs per bucket, after its all-gather
             self._step_hyperparameters = [self._hyperparameters(g) for g in self.param_groups]
@@ -183,7 +186,7 @@ class DistributedOptimizer(Optimizer):
         device = self._runtime.params[0].device
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
         state = scaler._per_optimizer_states[id(self)]
-        if self._schedule == "dear":
+        if not self._averaged_in_grad:
             # Shards were never unscaled (scaler.unscale_ only touched the local .grad).
             targets = [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
         elif not user_unscaled:
@@ -251,13 +254,13 @@ class DistributedOptimizer(Optimizer):
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
             raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")
         engine.finish_reductions()
-        if self._schedule == "dear":
+        if not self._averaged_in_grad:
             self._check_grads_untouched()
         return self._clip(max_norm, norm_type)
 
     def _clip(self, max_norm: float, norm_type: float) -> torch.Tensor:
         engine = self._runtime.engine
-        if self._schedule == "wfbp":
+        if self._averaged_in_grad:
             return torch.nn.utils.clip_grad_norm_(self._runtime.params, max_norm, norm_type)
         norm_type = float(norm_type)
         shards = [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
@@ -282,7 +285,7 @@ class DistributedOptimizer(Optimizer):
         update="sharded" this gathers the state (a collective: call it on every
         rank); sharded_state_dict() is the cheap per-rank form."""
         self._runtime.sync()
-        if self._update != "sharded":
+        if self._strategy != SHARDED_AT_STEP:
             return self.optimizer.state_dict()
         if self._runtime.engine is None:
             return self._pending_state or {"state": {}, "param_groups": [
@@ -293,7 +296,7 @@ class DistributedOptimizer(Optimizer):
         """This rank's part of the optimizer state, without communication; load
         it on the same rank at the same world size."""
         self._runtime.sync()
-        if self._update != "sharded":
+        if self._strategy != SHARDED_AT_STEP:
             return self.optimizer.state_dict()
         return {
             "dearcomm_sharded": True,
@@ -320,7 +323,7 @@ class DistributedOptimizer(Optimizer):
         state_dict(), or this rank's sharded_state_dict()."""
         self._runtime.sync()
         sharded = bool(state_dict.get("dearcomm_sharded"))
-        if self._update != "sharded":
+        if self._strategy != SHARDED_AT_STEP:
             if sharded:
                 raise ValueError("dearcomm: this is a sharded optimizer state; the optimizer uses update='replicated'")
             self.optimizer.load_state_dict(state_dict)

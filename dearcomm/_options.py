@@ -8,8 +8,17 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-SCHEDULES = ("dear", "wfbp")
-UPDATES = ("sharded", "replicated")
+from . import _C
+
+# The C++ schedule registry is the one list of schedules and their updates.
+_REGISTRY = {entry["name"]: entry for entry in _C.schedules()}
+SCHEDULES = tuple(_REGISTRY)
+UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY.values() for u in entry["updates"]))
+
+# Update strategies (when the optimizer runs), as the registry names them.
+SHARDED_AT_STEP = "sharded_at_step"              # step() updates this rank's master shard
+REPLICATED_BEFORE_USE = "replicated_before_use"  # each bucket updated once gathered, before the forward uses it
+FULL_AFTER_REDUCTION = "full_after_reduction"    # averaged .grad; the user's optimizer runs in step()
 INT64_MAX = 2**63 - 1
 
 
@@ -23,7 +32,8 @@ class WrapOptions:
 
     schedule: str = "dear"
     """"dear": reduce-scatter during backward, all-gather during the next forward.
-    "wfbp": bucketed all-reduce during backward, finished in step() (DDP's schedule)."""
+    "wfbp": bucketed all-reduce during backward, finished when backward returns
+    (DDP's schedule). dearcomm._C.schedules() lists every schedule."""
 
     update: Optional[str] = None
     """"sharded": each rank updates its 1/p shard of fp32 master parameters and the
@@ -68,18 +78,18 @@ class WrapOptions:
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
         if not self.bucket_mb >= 0:  # also rejects NaN
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
-        if self.schedule not in SCHEDULES:
+        if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
+        entry = _REGISTRY[self.schedule]
         if self.update is None:
-            object.__setattr__(self, "update", "sharded" if self.schedule == "dear" else "replicated")
-        if self.update not in UPDATES:
+            object.__setattr__(self, "update", entry["default_update"])
+        if not isinstance(self.update, str) or self.update not in UPDATES:
             raise ValueError(f"dearcomm: unknown update {self.update!r}; expected one of {UPDATES}")
-        if self.schedule == "wfbp" and self.update == "sharded":
+        if self.update not in entry["updates"]:
             raise NotImplementedError(
-                "dearcomm: schedule='wfbp' with update='sharded' is not supported: wfbp all-reduces full "
-                "gradients, so every rank updates full parameters. Use update='replicated' (or leave it "
-                "unset) with wfbp, or schedule='dear' for the sharded update."
-            )
+                f"dearcomm: schedule={self.schedule!r} with update={self.update!r} is not supported: "
+                f"{self.schedule} ({entry['summary']}) has update={' or '.join(map(repr, entry['updates']))}. "
+                f"Valid combinations: {_valid_combinations()}.")
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")
@@ -91,7 +101,19 @@ class WrapOptions:
             raise ValueError(f"dearcomm: timeout must be a positive datetime.timedelta, got {self.timeout!r}")
 
     @property
+    def update_strategy(self) -> str:
+        """When the optimizer runs: SHARDED_AT_STEP, REPLICATED_BEFORE_USE or FULL_AFTER_REDUCTION."""
+        return _REGISTRY[self.schedule]["updates"][self.update]
+
+    @property
     def bucket_cap_bytes(self) -> int:
         # The planner takes an int64; inf (or any cap beyond it) means "no cap".
         cap = self.bucket_mb * 1024 * 1024
         return INT64_MAX if cap >= INT64_MAX else int(cap)
+
+
+def _valid_combinations() -> str:
+    return "; ".join(
+        f"schedule={name!r} with update=" + " or ".join(
+            repr(u) + (" (default)" if u == entry["default_update"] else "") for u in entry["updates"])
+        for name, entry in _REGISTRY.items())

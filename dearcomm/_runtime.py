@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C, _cuda
-from ._options import WrapOptions
+from ._options import FULL_AFTER_REDUCTION, WrapOptions
 
 logger = logging.getLogger("dearcomm")
 
@@ -192,15 +192,16 @@ class DearRuntime:
                         self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
                     grad = self._zeros[i]
                 engine.mark_grad_ready(i, grad)
-        engine.check_backward_complete()
-        if self.options.schedule == "wfbp":
-            engine.finish_reductions()  # .grad holds the average once backward returns, as with DDP
-        else:
-            if engine.uses_grad_views:
-                # The reduce-scatters read .grad's memory: done before the user's
-                # code may write .grad (scaler.unscale_, clipping, logging). step()
-                # would wait for them next anyway.
-                engine.finish_reductions()
+        engine.end_backward()  # raises naming parameters without a gradient; issues what the schedule held back
+        if engine.finishes_reductions_at_end_of_backward:
+            engine.finish_reductions()  # the schedule's choice (wfbp: .grad holds the average, as with DDP)
+        elif engine.uses_grad_views:
+            # The reductions read .grad's memory: done before the user's code
+            # may write .grad (scaler.unscale_, clipping, logging). step()
+            # would wait for them next anyway.
+            engine.finish_reductions()
+        if self.options.update_strategy != FULL_AFTER_REDUCTION:
+            # What step() applies was reduced from .grad as it was here.
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
 
     # ---- what step() checks and reports -------------------------------------

@@ -79,17 +79,23 @@ Engine::Engine(BucketLayout layout,
                std::vector<at::Tensor> params,
                std::vector<std::string> names,
                std::shared_ptr<CommBackend> backend,
+               std::unique_ptr<SchedulePolicy> policy,
                EngineOptions options)
     : layout_(std::move(layout)),
       params_(std::move(params)),
       names_(std::move(names)),
       backend_(std::move(backend)),
       options_(options),
+      policy_(std::move(policy)),
       grad_ready_(params_.size(), false) {
   TORCH_CHECK_VALUE(backend_, "dearcomm: no communication backend");
-  TORCH_CHECK_NOT_IMPLEMENTED(!(options_.schedule == Schedule::kWfbp && options_.update == Update::kSharded),
-      "dearcomm: schedule='wfbp' with update='sharded' is not supported: wfbp all-reduces full gradients, "
-      "so every rank updates full parameters; use update='replicated' with wfbp, or schedule='dear'");
+  TORCH_CHECK_VALUE(policy_, "dearcomm: no schedule policy");
+  strategy_ = policy_->update_strategy();
+  reduction_ = policy_->reduction();
+  // Which buffers exist follows from these two (below), so they must agree:
+  // only a reduce-scatter leaves the shard a sharded or gathered update needs.
+  TORCH_CHECK((reduction_ == Collective::kAllReduce) == (strategy_ == UpdateStrategy::kFullAfterReduction),
+      "dearcomm: a schedule policy reduces with ", to_string(reduction_), " but updates ", to_string(strategy_));
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
       params_.size(), " parameters and ", names_.size(), " names");
@@ -122,9 +128,9 @@ Engine::Engine(BucketLayout layout,
         grad_views_[p] = alias_with_own_version(param_view(bucket.grads, p));
       }
     }
-    if (options_.schedule == Schedule::kDear) {
+    if (reduction_ == Collective::kReduceScatter) {
       bucket.grad_shard = at::zeros({spec.shard_numel}, comm);
-      if (options_.update == Update::kSharded) {
+      if (strategy_ == UpdateStrategy::kShardedAtStep) {
         bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard : at::zeros({spec.shard_numel}, opts.dtype(at::kFloat));
       } else {
         // Averaged gradients must not land in .grad's views: zero_grad() and the
@@ -133,7 +139,7 @@ Engine::Engine(BucketLayout layout,
         bucket.gathered = comm_dtype(b) == spec.dtype ? bucket.gathered_comm : at::zeros({spec.padded_numel}, opts);
       }
     }
-    if (options_.update == Update::kSharded) {
+    if (strategy_ == UpdateStrategy::kShardedAtStep) {
       bucket.params = at::zeros({spec.padded_numel}, opts);
       for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
         param_view(bucket.params, p).copy_(params_[p].detach());
@@ -228,9 +234,11 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       bucket.ready = 0;
       bucket.state = BucketState::kFilling;
     }
-    next_reduction_ = 0;
+    next_eligible_ = 0;
+    backward_ended_ = false;
     packed_params_ = 0;
     state_ = IterationState::kBackward;
+    policy_->begin_iteration(static_cast<int64_t>(buckets_.size()));
   }
   TORCH_CHECK(!grad_ready_[param],
       "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
@@ -254,16 +262,47 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   grad_ready_[param] = true;
   bucket.ready += 1;
 
-  // Reductions go out in descending bucket order on every rank, whatever
-  // order the gradients arrive in.
+  // Buckets become eligible in descending order on every rank, whatever order
+  // the gradients arrive in: the policy sees the same events everywhere.
   const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  while (next_reduction_ < num_buckets) {
-    const int64_t b = num_buckets - 1 - next_reduction_;
+  while (next_eligible_ < num_buckets) {
+    const int64_t b = num_buckets - 1 - next_eligible_;
     if (buckets_[b].ready < layout_.buckets[b].num_params) {
       break;
     }
-    start_reduction(b);
-    next_reduction_ += 1;
+    next_eligible_ += 1;
+    issue(policy_->on_eligible(b));
+  }
+}
+
+void Engine::issue(const std::vector<Op>& ops) {
+  for (const Op& op : ops) {
+    check_bucket_index(op.bucket);
+    if (op.kind == Collective::kAllGather) {
+      TORCH_CHECK(strategy_ != UpdateStrategy::kFullAfterReduction && buckets_[op.bucket].state == BucketState::kReduced,
+          "dearcomm: the schedule policy all-gathers bucket ", op.bucket, " in bucket state ",
+          to_string(buckets_[op.bucket].state));
+      start_gather(op.bucket);
+    } else {
+      TORCH_CHECK(op.kind == reduction_ && buckets_[op.bucket].state == BucketState::kFilling &&
+                      buckets_[op.bucket].ready == layout_.buckets[op.bucket].num_params,
+          "dearcomm: the schedule policy issues ", to_string(op.kind), " of bucket ", op.bucket,
+          " in bucket state ", to_string(buckets_[op.bucket].state), " (its reduction is ", to_string(reduction_),
+          " once every gradient of the bucket arrived)");
+      start_reduction(op.bucket);
+    }
+  }
+}
+
+void Engine::end_backward() {
+  if (state_ != IterationState::kBackward || backward_ended_) {
+    return;
+  }
+  check_backward_complete();
+  backward_ended_ = true;
+  issue(policy_->at_end_of_backward());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    TORCH_CHECK(buckets_[b].pending, "dearcomm: the schedule policy never issued the reduction of bucket ", b);
   }
 }
 
@@ -329,7 +368,7 @@ void Engine::start_reduction(int64_t b) {
     }
   }
   std::fill(bucket.arrived.begin(), bucket.arrived.end(), at::Tensor());  // the user owns .grad again
-  if (options_.schedule == Schedule::kDear) {
+  if (reduction_ == Collective::kReduceScatter) {
     DEARCOMM_RANGE("reduce_scatter", b);
     bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
   } else {
@@ -350,7 +389,7 @@ void Engine::finish_reductions() {
       "dearcomm: optimizer.step() called without a backward since the last step");
   TORCH_CHECK(state_ == IterationState::kBackward,
       "dearcomm: optimizer.step() called in state ", to_string(state_));
-  check_backward_complete();
+  end_backward();
   const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
   for (int64_t b = num_buckets - 1; b >= 0; --b) {
     finish_reduction(b);
@@ -360,21 +399,21 @@ void Engine::finish_reductions() {
 
 void Engine::finish_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
-  const bool dear = options_.schedule == Schedule::kDear;
+  const bool scattered = reduction_ == Collective::kReduceScatter;
   {
-    DEARCOMM_RANGE(dear ? "wait_reduce_scatter" : "wait_all_reduce", b);
+    DEARCOMM_RANGE(scattered ? "wait_reduce_scatter" : "wait_all_reduce", b);
     const int64_t wait_begin = tracing_ ? now_ns() : -1;
     try {
       bucket.pending->wait(options_.timeout);
     } catch (const std::exception& e) {
-      fail_collective(dear ? "reduce-scatter" : "all-reduce", b, e);
+      fail_collective(scattered ? "reduce-scatter" : "all-reduce", b, e);
     }
-    trace_wait(b, dear ? "reduce_scatter" : "all_reduce", bucket.launched_ns, *bucket.pending, wait_begin);
+    trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
   // Average: what pack did not divide already (fp16 divides before the sum).
   const double post_divide = backend_->world_size() * pre_divide(b);
-  if (dear) {
+  if (scattered) {
     if (post_divide != 1.0) {
       bucket.grad_shard.div_(post_divide);
     }
@@ -393,26 +432,20 @@ void Engine::finish_reduction(int64_t b) {
 void Engine::start_gathers() {
   TORCH_CHECK(state_ == IterationState::kReduced,
       "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
-  if (options_.schedule == Schedule::kWfbp) {
-    mark_all_current();
+  const std::vector<Op> ops = policy_->at_step(static_cast<int64_t>(buckets_.size()));
+  if (ops.empty()) {
+    mark_all_current();  // the user's optimizer updated full parameters in step()
     return;
   }
-  if (options_.update == Update::kSharded && !params_bound_) {
+  if (strategy_ == UpdateStrategy::kShardedAtStep && !params_bound_) {
     bind_params_to_gather_buffers();
   }
   state_ = IterationState::kGathering;
   next_gather_ = 0;
-  // Every all-gather is issued here, in bucket order, not one by one from the
-  // next forward's hooks: then every rank issues them at the same point of the
-  // program whatever runs between step() and the next training forward (a
-  // rank-0-only state_dict() or eval, a barrier), and a hook only waits. The
-  // backends run them in issue order (one NCCL stream; gloo sends in posting
-  // order per pair), so bucket 0 still lands first and the forward overlaps the
-  // rest; buckets are consumed where the forward needs them.
-  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  for (int64_t b = 0; b < num_buckets; ++b) {
-    start_gather(b);
-  }
+  // Issued here, at the same point of the program on every rank, a hook only
+  // waits (see schedule/dear.cpp). The backends run them in issue order (one
+  // NCCL stream; gloo sends in posting order per pair).
+  issue(ops);
 }
 
 void Engine::skip_step() {
@@ -524,7 +557,7 @@ void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
 void Engine::start_gather(int64_t b) {
   Bucket& bucket = buckets_[b];
   DEARCOMM_RANGE("all_gather", b);
-  if (options_.update == Update::kSharded) {
+  if (strategy_ == UpdateStrategy::kShardedAtStep) {
     if (!bucket.gather_input.is_same(bucket.master)) {
       bucket.gather_input.copy_(bucket.master);
     }
@@ -550,10 +583,11 @@ void Engine::finish_gather(int64_t b) {
     trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
-  if (options_.update == Update::kReplicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
+  const bool replicated = strategy_ == UpdateStrategy::kReplicatedBeforeUse;
+  if (replicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
     bucket.gathered.copy_(bucket.gathered_comm);  // to the parameters' dtype
   }
-  if (options_.update == Update::kReplicated && update_fn_) {
+  if (replicated && update_fn_) {
     DEARCOMM_RANGE("update", b);
     update_fn_(b);  // reads the averaged gradients from gathered_grads(b)
   }
@@ -602,25 +636,26 @@ void Engine::flush() {
 
 at::Tensor Engine::grad_shard(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(options_.schedule == Schedule::kDear, "dearcomm: gradient shards exist only with schedule='dear'");
-  return options_.update == Update::kSharded ? buckets_[b].master_grad : buckets_[b].grad_shard;
+  TORCH_CHECK(reduction_ == Collective::kReduceScatter,
+      "dearcomm: gradient shards exist only with a reduce-scattering schedule (schedule='dear')");
+  return strategy_ == UpdateStrategy::kShardedAtStep ? buckets_[b].master_grad : buckets_[b].grad_shard;
 }
 
 at::Tensor Engine::gathered_grads(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(options_.schedule == Schedule::kDear && options_.update == Update::kReplicated,
+  TORCH_CHECK(strategy_ == UpdateStrategy::kReplicatedBeforeUse,
       "dearcomm: gathered gradients exist only with schedule='dear', update='replicated'");
   return buckets_[b].gathered;
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(options_.update == Update::kSharded, "dearcomm: master shards exist only with update='sharded'");
+  TORCH_CHECK(strategy_ == UpdateStrategy::kShardedAtStep, "dearcomm: master shards exist only with update='sharded'");
   return buckets_[b].master;
 }
 
 void Engine::reload_master_shards() {
-  TORCH_CHECK(options_.update == Update::kSharded, "dearcomm: master shards exist only with update='sharded'");
+  TORCH_CHECK(strategy_ == UpdateStrategy::kShardedAtStep, "dearcomm: master shards exist only with update='sharded'");
   TORCH_CHECK(state_ == IterationState::kIdle,
       "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state_));
   const int64_t rank = backend_->rank();

@@ -1,5 +1,5 @@
-// The DeAR engine: fused buckets of gradients, reductions launched during
-// backward in bucket order, all-gathers chained through the next forward.
+// The executor: fused buckets of gradients and the collectives a schedule
+// policy (schedule/policy.h) asks for, issued in the order it asks.
 //
 // Device-agnostic: all communication goes through a CommBackend, all data
 // movement through ATen ops, so the CPU (gloo) and NCCL paths share this file.
@@ -11,17 +11,22 @@
 //              then AG(0), AG(1), ..., AG(B-1) issued, running in that order
 //   forward    module of bucket b starts -> wait AG(b) [replicated: update b]
 //
-// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all in
-// step(), the user's optimizer updates full parameters, nothing in forward.
+// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all when
+// backward returns, the user's optimizer updates full parameters in step(),
+// nothing in forward. (schedule/*.cpp say what each schedule decides.)
 //
-// Every rank launches the same collectives in the same order: reductions in
-// descending bucket order, all-gathers in ascending order, and every pending
-// all-gather is issued and finished before the next backward's first reduction.
+// The policy decides which collective runs on which bucket, and when; the
+// engine owns the buffers, ready counts, backend calls, waits and tracing. It
+// feeds the policy rank-independent events only (a bucket becomes eligible
+// once it and every later bucket are complete), so every rank launches the
+// same collectives in the same order; every pending all-gather is issued and
+// finished before the next backward's first reduction.
 // Single-threaded by contract: hooks and step() run on the training thread.
 #pragma once
 
 #include "bucket_layout.h"
 #include "comm_backend.h"
+#include "schedule/policy.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -32,9 +37,6 @@
 #include <vector>
 
 namespace dearcomm {
-
-enum class Schedule { kDear, kWfbp };
-enum class Update { kSharded, kReplicated };
 
 // Where the iteration stands. Changed only by the transition methods below.
 enum class IterationState {
@@ -66,8 +68,6 @@ const char* to_string(IterationState state);
 const char* to_string(BucketState state);
 
 struct EngineOptions {
-  Schedule schedule = Schedule::kDear;
-  Update update = Update::kSharded;
   // Gradients travel in this dtype (e.g. bf16); Undefined: the parameters'.
   // Master shards and the optimizer stay fp32 either way.
   c10::ScalarType comm_dtype = c10::ScalarType::Undefined;
@@ -84,17 +84,25 @@ class Engine {
          std::vector<at::Tensor> params,
          std::vector<std::string> names,
          std::shared_ptr<CommBackend> backend,
+         std::unique_ptr<SchedulePolicy> policy,
          EngineOptions options);
   ~Engine();
 
   // ---- backward --------------------------------------------------------
-  // Packs `grad` of parameter `param` into its bucket; launches the reduction
-  // of every complete bucket that is next in launch order.
+  // Notes `grad` of parameter `param` for its bucket; tells the policy about
+  // every bucket that became eligible and issues what it returns.
   void mark_grad_ready(int64_t param, const at::Tensor& grad);
   // Parameters without a gradient so far in this backward.
   std::vector<int64_t> missing_grads() const;
   // Raises, naming them, if some parameters got no gradient in this backward.
   void check_backward_complete() const;
+  // Backward is over: checks it is complete and issues the ops the policy
+  // held back until then. Idempotent; finish_reductions() calls it too.
+  void end_backward();
+  // The policy's answer: wait for the reductions when backward returns (the
+  // runtime also does so where .grad views are what they read).
+  bool finishes_reductions_at_end_of_backward() const { return policy_->finish_reductions_at_end_of_backward(); }
+  UpdateStrategy update_strategy() const { return strategy_; }
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
   int64_t packed_params() const { return packed_params_; }
@@ -118,14 +126,14 @@ class Engine {
   void zero_grads(const std::vector<int64_t>& params, bool set_to_none);
 
   // ---- step ------------------------------------------------------------
-  // Waits for every reduction and averages. wfbp: the averaged gradients are
-  // copied into each parameter's .grad for the user's optimizer. Idempotent
-  // within a step (gradient clipping finishes the reductions early).
+  // Waits for every reduction and averages. All-reduced buckets: the averaged
+  // gradients are copied into each parameter's .grad for the user's optimizer.
+  // Idempotent within a step (gradient clipping finishes the reductions early).
   void finish_reductions();
-  // dear: launches every all-gather, in bucket order; the next forward's hooks
-  // wait for them bucket by bucket. The first call in sharded mode makes
-  // parameters views into the gathered buffers. wfbp: nothing to gather, back
-  // to kIdle.
+  // Issues the policy's step ops (dear: every all-gather, in bucket order); the
+  // next forward's hooks wait for them bucket by bucket. The first call in
+  // sharded mode makes parameters views into the gathered buffers. No ops
+  // (wfbp): nothing to gather, back to kIdle.
   void start_gathers();
   // Ends a step whose update is skipped (a GradScaler found inf/NaN on every
   // rank): nothing to gather, back to kIdle with the parameters unchanged.
@@ -167,6 +175,7 @@ class Engine {
  private:
   struct Bucket;
 
+  void issue(const std::vector<Op>& ops);
   void start_reduction(int64_t bucket);
   void finish_reduction(int64_t bucket);
   void start_gather(int64_t bucket);
@@ -186,12 +195,16 @@ class Engine {
   std::vector<std::string> names_;
   std::shared_ptr<CommBackend> backend_;
   EngineOptions options_;
+  std::unique_ptr<SchedulePolicy> policy_;
+  UpdateStrategy strategy_;  // the policy's, fixed: buffers are allocated for it
+  Collective reduction_;     // the policy's, fixed: likewise
   std::function<void(int64_t)> update_fn_;
 
   std::vector<Bucket> buckets_;
   std::vector<bool> grad_ready_;  // per parameter, this backward
   IterationState state_ = IterationState::kIdle;
-  int64_t next_reduction_ = 0;    // launch order is B-1, B-2, ..., 0: counts launched
+  int64_t next_eligible_ = 0;     // eligibility order is B-1, B-2, ..., 0: counts eligible buckets
+  bool backward_ended_ = false;   // end_backward() ran in this backward
   int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
   bool params_bound_ = false;
   int64_t prefetch_misses_ = 0;

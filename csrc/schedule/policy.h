@@ -1,0 +1,66 @@
+// The seam between *what* a schedule communicates and *how* it is done.
+//
+// A SchedulePolicy turns the events of one iteration into collectives; the
+// Engine (the executor) owns buffers, ready counts, backend calls, waits and
+// tracing, and issues exactly the ops a policy returns, in the order returned.
+//
+// A policy holds no tensors, calls no backend and decides only from inputs
+// that are the same on every rank (bucket indices and the event order the
+// executor derives from them), so every rank issues the same collectives in
+// the same order — and a simulator can later run the very same policy on a
+// virtual clock.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace dearcomm {
+
+enum class Collective { kReduceScatter, kAllGather, kAllReduce };
+const char* to_string(Collective kind);  // "reduce_scatter", "all_gather", "all_reduce"
+
+struct Op {
+  Collective kind;
+  int64_t bucket;
+  bool operator==(const Op& other) const { return kind == other.kind && bucket == other.bucket; }
+};
+
+// When the optimizer runs, and so which buffers the executor keeps and what an
+// all-gather carries.
+enum class UpdateStrategy {
+  kShardedAtStep,        // step() updates this rank's fp32 master shard; all-gathers carry parameters
+  kReplicatedBeforeUse,  // all-gathers carry averaged gradients; a bucket is updated when the forward needs it
+  kFullAfterReduction,   // the reduction leaves full averaged gradients in .grad; the user's optimizer runs in step()
+};
+const char* to_string(UpdateStrategy strategy);  // "sharded_at_step", ...
+
+class SchedulePolicy {
+ public:
+  virtual ~SchedulePolicy() = default;
+
+  virtual UpdateStrategy update_strategy() const = 0;
+  // The collective that reduces a bucket's gradients (its buffers are
+  // allocated for it): kReduceScatter leaves a shard, kAllReduce the full average.
+  virtual Collective reduction() const = 0;
+
+  // A backward begins: reset per-iteration state (queues, credit).
+  virtual void begin_iteration(int64_t num_buckets) { (void)num_buckets; }
+  // Backward: bucket `bucket` is *eligible*, i.e. it and every bucket after it
+  // (canonical backward order: descending index) are complete on this rank.
+  // The executor derives eligibility, so every rank sees the same sequence of
+  // events, B-1, B-2, ..., 0, whatever order its gradients arrive in.
+  virtual std::vector<Op> on_eligible(int64_t bucket) = 0;
+  // Every bucket was eligible: ops the policy still holds back. After them,
+  // every bucket's reduction must have been issued.
+  virtual std::vector<Op> at_end_of_backward() { return {}; }
+  // Whether the reductions are waited for when backward returns (.grad then
+  // holds averages, as with DDP) rather than in step().
+  virtual bool finish_reductions_at_end_of_backward() const = 0;
+  // optimizer.step(), after the reductions finished (and, sharded, the shard
+  // update): ops whose results the next forward consumes. None: every
+  // parameter is current once step() returns.
+  virtual std::vector<Op> at_step(int64_t num_buckets) = 0;
+};
+
+}  // namespace dearcomm
