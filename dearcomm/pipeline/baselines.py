@@ -28,20 +28,20 @@ def _finish(plan: Plan, profile: ModelProfile, topology: Topology) -> Plan:
                 simulate(plan, profile, topology).makespan_ms)
 
 
-def gpipe_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
+def _one_stage_per_device(profile: ModelProfile, topology: Topology, num_microbatches: int, orders, name: str) -> Plan:
+    """Balanced stages, stage s on device s, tasks in the given order rule."""
     check_sizes(len(profile), topology.size, None, num_microbatches)
     bounds = balanced_bounds(profile, min(topology.size, len(profile)))
     devices = tuple((s,) for s in range(len(bounds) - 1))
-    return _finish(Plan(bounds, devices, gpipe_orders(devices, num_microbatches), num_microbatches, "gpipe"),
-                   profile, topology)
+    return _finish(Plan(bounds, devices, orders(devices, num_microbatches), num_microbatches, name), profile, topology)
+
+
+def gpipe_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
+    return _one_stage_per_device(profile, topology, num_microbatches, gpipe_orders, "gpipe")
 
 
 def one_f_one_b_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
-    check_sizes(len(profile), topology.size, None, num_microbatches)
-    bounds = balanced_bounds(profile, min(topology.size, len(profile)))
-    devices = tuple((s,) for s in range(len(bounds) - 1))
-    return _finish(Plan(bounds, devices, one_f_one_b_orders(devices, num_microbatches), num_microbatches, "1f1b"),
-                   profile, topology)
+    return _one_stage_per_device(profile, topology, num_microbatches, one_f_one_b_orders, "1f1b")
 
 
 def pipedream_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
