@@ -245,7 +245,8 @@ PYBIND11_MODULE(_C, m) {
         return view.defined() ? py::cast(view) : py::none();
       }, py::arg("param"))
       .def_property_readonly("uses_grad_views", &Engine::uses_grad_views)
-      .def("zero_grads", &Engine::zero_grads, py::arg("params"), py::arg("set_to_none"))
+      .def("zero_grads", &Engine::zero_grads, py::arg("params"), py::arg("set_to_none"),
+           "Zero-fills bucket views; returns the parameters whose .grad is no view (torch's zero_grad is theirs).")
       .def("finish_reductions", &Engine::finish_reductions, release())
       .def("start_gathers", &Engine::start_gathers, release())
       .def("skip_step", &Engine::skip_step)

@@ -3,8 +3,8 @@ links libcudart and NCCL, which a CPU-only torch does not provide."""
 from __future__ import annotations
 
 import datetime
-import os
 import itertools
+import os
 from types import ModuleType
 from typing import Optional
 

@@ -358,8 +358,8 @@ class DearRuntime:
                     others.append(param)
                 else:
                     mine.append(i)
-            engine.zero_grads(mine, set_to_none)
-        for param in others:
+            others += [self.params[i] for i in engine.zero_grads(mine, set_to_none)]
+        for param in others:  # torch's zero_grad, for every .grad that is no bucket view
             if param.grad is None:
                 continue
             if set_to_none:

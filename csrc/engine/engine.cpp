@@ -492,7 +492,7 @@ void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
   }
 }
 
-void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
+std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
   std::vector<bool> selected(params_.size(), false);
   for (int64_t p : params) {
     TORCH_CHECK_INDEX(p >= 0 && p < static_cast<int64_t>(params_.size()), "dearcomm: parameter index ", p,
@@ -502,6 +502,7 @@ void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
   // In kBackward the reductions launched so far may still read the buckets
   // (complete backwards finish them at their end, so this is one that raised).
   const bool buckets_in_use = state_ == IterationState::kBackward;
+  std::vector<int64_t> not_views;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
     std::vector<int64_t> views;      // selected parameters whose .grad is their view
@@ -518,19 +519,10 @@ void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
         grad.reset();
       } else if (view && !buckets_in_use) {
         views.push_back(p);
-      } else if (grad.defined()) {  // torch's zero_grad
-        if (set_to_none) {
-          grad.reset();
-        } else if (view) {
-          grad = at::zeros_like(grad);
-        } else {
-          if (grad.grad_fn()) {
-            grad.detach_();
-          } else {
-            grad.requires_grad_(false);
-          }
-          grad.zero_();
-        }
+      } else if (view) {  // the reductions may still read the bucket: not in place
+        grad = set_to_none ? at::Tensor() : at::zeros_like(grad);
+      } else if (grad.defined()) {
+        not_views.push_back(p);
       }
     }
     if (views.empty()) {
@@ -550,6 +542,7 @@ void Engine::zero_grads(const std::vector<int64_t>& params, bool set_to_none) {
       params_[p].grad().unsafeGetTensorImpl()->bump_version();
     }
   }
+  return not_views;
 }
 
 // ---- forward -------------------------------------------------------------
