@@ -146,9 +146,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("bucket", &ParamSlot::bucket)
       .def_readonly("offset", &ParamSlot::offset)
       .def_readonly("numel", &ParamSlot::numel)
+      .def_readonly("last_bucket", &ParamSlot::last_bucket)
       .def("__repr__", [](const ParamSlot& s) {
         return "ParamSlot(bucket=" + std::to_string(s.bucket) + ", offset=" + std::to_string(s.offset) +
-            ", numel=" + std::to_string(s.numel) + ")";
+            ", numel=" + std::to_string(s.numel) + ", last_bucket=" + std::to_string(s.last_bucket) + ")";
       });
 
   py::class_<BucketSpec>(m, "BucketSpec")
@@ -254,7 +255,8 @@ PYBIND11_MODULE(_C, m) {
       .def("flush", &Engine::flush, release())
       .def("grad_shard", &Engine::grad_shard)
       .def("master_shard", &Engine::master_shard)
-      .def("gathered_grads", &Engine::gathered_grads)
+      .def("averaged_grad", &Engine::averaged_grad, py::arg("param"),
+           "Replicated update: the parameter's averaged gradient, valid from its all-gather to the next backward.")
       .def("reload_master_shards", &Engine::reload_master_shards)
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)
@@ -282,9 +284,9 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_acquire gil;
           delete f;
         });
-        engine.set_update_fn([holder](int64_t bucket) {
+        engine.set_update_fn([holder](const std::vector<int64_t>& params) {
           py::gil_scoped_acquire gil;
-          (*holder)(bucket);
+          (*holder)(params);
         });
       });
 }

@@ -53,8 +53,8 @@ class DistributedOptimizer(Optimizer):
         self._averaged_in_grad = self._strategy == FULL_AFTER_REDUCTION
         self._shard_optimizer: Optional[Optimizer] = None
         self._pieces: List[Piece] = []                 # sharded: this rank's parts of parameters
-        self._bucket_params: List[List[List]] = []     # [bucket][group] -> params (replicated)
-        self._bucket_grads: List[List[tuple]] = []      # [bucket] -> (param, averaged-gradient view)
+        self._group_of: Dict[torch.Tensor, int] = {}    # replicated: param -> its group's index
+        self._averaged: List[torch.Tensor] = []         # replicated: per param, its averaged-gradient view
         self._pending_state: Optional[Dict[str, Any]] = None  # loaded before the engine existed
         self._step_hyperparameters: List[Dict[str, Any]] = []  # replicated dear: of the last step()
         self._consolidations = 0  # completed consolidated state_dict() calls: names their rendezvous
@@ -73,23 +73,15 @@ class DistributedOptimizer(Optimizer):
 
     def _on_engine_built(self, engine: _C.Engine) -> None:
         group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
-        layout = engine.layout
         if self._strategy == SHARDED_AT_STEP:
             self._build_shard_optimizer(engine, group_of)
             if self._pending_state is not None:  # loaded before the pieces existed
                 pending, self._pending_state = self._pending_state, None
                 self.load_state_dict(pending)
         elif self._strategy == REPLICATED_BEFORE_USE:
-            self._bucket_params = [[[] for _ in self.param_groups] for _ in layout.buckets]
-            self._bucket_grads = [[] for _ in layout.buckets]
-            for i, param in enumerate(self._runtime.params):
-                slot = layout.params[i]
-                if param in group_of:
-                    self._bucket_params[slot.bucket][group_of[param]].append(param)
-                    gathered = engine.gathered_grads(slot.bucket)
-                    self._bucket_grads[slot.bucket].append(
-                        (param, gathered[slot.offset:slot.offset + slot.numel].view(param.shape)))
-            engine.set_update_fn(weakly(self._update_bucket))  # a dropped optimizer updates nothing
+            self._group_of = group_of
+            self._averaged = [engine.averaged_grad(i) for i in range(len(self._runtime.params))]
+            engine.set_update_fn(weakly(self._update_params))  # a dropped optimizer updates nothing
 
     def _build_shard_optimizer(self, engine: _C.Engine, group_of: Dict) -> None:
         layout, rank = engine.layout, self._runtime.rank
@@ -206,24 +198,30 @@ class DistributedOptimizer(Optimizer):
         state["found_inf_per_device"] = {found_inf.device: found_inf}
         return bool(found_inf.item())
 
-    def _update_bucket(self, bucket: int) -> None:
-        """Replicated update of one bucket: the user's optimizer, restricted to
-        its parameters, with the hyper-parameters of the step() it belongs to
-        (an LR scheduler may have stepped since)."""
+    def _update_params(self, indices: List[int]) -> None:
+        """Replicated update of parameters whose averaged gradients were just
+        gathered: the user's optimizer, restricted to them, with the
+        hyper-parameters of the step() it belongs to (an LR scheduler may have
+        stepped since)."""
+        params = self._runtime.params
+        chosen = [(params[i], self._averaged[i]) for i in indices if params[i] in self._group_of]
+        by_group: List[List] = [[] for _ in self.param_groups]
+        for param, _ in chosen:
+            by_group[self._group_of[param]].append(param)
         saved = [dict(group) for group in self.param_groups]
         # The optimizer reads the averaged gradients in place (views of the
         # gathered bucket); the user's .grad, which the next backward
         # accumulates into, is put back untouched.
-        user_grads = [param.grad for param, _ in self._bucket_grads[bucket]]
+        user_grads = [param.grad for param, _ in chosen]
         try:
-            for group, hyper, params in zip(self.param_groups, self._step_hyperparameters, self._bucket_params[bucket]):
-                group.update(hyper, params=params)
-            for param, averaged in self._bucket_grads[bucket]:
+            for group, hyper, group_params in zip(self.param_groups, self._step_hyperparameters, by_group):
+                group.update(hyper, params=group_params)
+            for param, averaged in chosen:
                 param.grad = averaged
             with torch.no_grad():
                 self.optimizer.step()
         finally:
-            for (param, _), grad in zip(self._bucket_grads[bucket], user_grads):
+            for (param, _), grad in zip(chosen, user_grads):
                 param.grad = grad
             for group, original in zip(self.param_groups, saved):
                 group.clear()

@@ -54,7 +54,8 @@ BucketLayout plan_buckets(
       open.dtype = dtypes[i];
     }
     const int64_t offset = round_up(open.numel, kParamAlignElements);
-    layout.params.push_back(ParamSlot{static_cast<int64_t>(layout.buckets.size()), offset, numels[i]});
+    const int64_t bucket = static_cast<int64_t>(layout.buckets.size());
+    layout.params.push_back(ParamSlot{bucket, offset, numels[i], bucket});
     open.numel = offset + numels[i];
     open.num_params += 1;
     const int64_t bytes = open.numel * static_cast<int64_t>(c10::elementSize(open.dtype));

@@ -11,11 +11,14 @@
 
 namespace dearcomm {
 
-// One parameter's place: `numel` elements at `offset` inside bucket `bucket`.
+// One parameter's place: `numel` elements from `offset` inside bucket
+// `bucket`, running on through the buckets up to `last_bucket` where a
+// partition boundary splits it (last_bucket == bucket otherwise).
 struct ParamSlot {
   int64_t bucket;
   int64_t offset;
   int64_t numel;
+  int64_t last_bucket;
 };
 
 // One bucket: parameters [first_param, first_param + num_params) of the

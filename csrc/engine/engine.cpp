@@ -442,6 +442,7 @@ void Engine::start_gathers() {
   }
   state_ = IterationState::kGathering;
   next_gather_ = 0;
+  updated_.assign(params_.size(), false);
   // Issued here, at the same point of the program on every rank, a hook only
   // waits (see schedule/dear.cpp). The backends run them in issue order (one
   // NCCL stream; gloo sends in posting order per pair).
@@ -580,11 +581,27 @@ void Engine::finish_gather(int64_t b) {
   if (replicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
     bucket.gathered.copy_(bucket.gathered_comm);  // to the parameters' dtype
   }
-  if (replicated && update_fn_) {
-    DEARCOMM_RANGE("update", b);
-    update_fn_(b);  // reads the averaged gradients from gathered_grads(b)
-  }
   bucket.state = BucketState::kCurrent;
+  if (replicated && update_fn_) {
+    // A parameter is updated once every bucket holding part of it is gathered.
+    std::vector<int64_t> ready;
+    const BucketSpec& spec = layout_.buckets[b];
+    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+      const ParamSlot& slot = layout_.params[p];
+      bool gathered = !updated_[p];
+      for (int64_t other = slot.bucket; gathered && other <= slot.last_bucket; ++other) {
+        gathered = buckets_[other].state == BucketState::kCurrent;
+      }
+      if (gathered) {
+        updated_[p] = true;
+        ready.push_back(p);
+      }
+    }
+    if (!ready.empty()) {
+      DEARCOMM_RANGE("update", b);
+      update_fn_(ready);  // reads the averaged gradients from averaged_grad(p)
+    }
+  }
 }
 
 void Engine::require_bucket(int64_t b) {
@@ -634,11 +651,12 @@ at::Tensor Engine::grad_shard(int64_t b) const {
   return strategy_ == UpdateStrategy::kShardedAtStep ? buckets_[b].master_grad : buckets_[b].grad_shard;
 }
 
-at::Tensor Engine::gathered_grads(int64_t b) const {
-  check_bucket_index(b);
+at::Tensor Engine::averaged_grad(int64_t param) const {
+  TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
+      "dearcomm: parameter index ", param, " out of range");
   TORCH_CHECK(strategy_ == UpdateStrategy::kReplicatedBeforeUse,
-      "dearcomm: gathered gradients exist only with schedule='dear', update='replicated'");
-  return buckets_[b].gathered;
+      "dearcomm: averaged gradients outside .grad exist only with update='replicated' of schedule='dear'");
+  return param_view(buckets_[layout_.params[param].bucket].gathered, param);
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {

@@ -153,12 +153,14 @@ class Engine {
   // Re-reads master shards from the parameters (after a load_state_dict).
   void reload_master_shards();
 
-  // Replicated update: the bucket's averaged gradients, valid from its
-  // all-gather until the next backward (laid out as the layout says).
-  at::Tensor gathered_grads(int64_t bucket) const;
-  // Replicated update: called with the bucket index once its all-gather is
-  // done; runs the optimizer on that bucket (reading gathered_grads).
-  void set_update_fn(std::function<void(int64_t)> fn) { update_fn_ = std::move(fn); }
+  // Replicated update: parameter `param`'s averaged gradient (its shape and
+  // dtype), valid from its all-gather until the next backward.
+  at::Tensor averaged_grad(int64_t param) const;
+  // Replicated update: called with the parameters whose every bucket has just
+  // been gathered (each once per step); runs the optimizer on them, reading
+  // averaged_grad.
+  using UpdateFn = std::function<void(const std::vector<int64_t>&)>;
+  void set_update_fn(UpdateFn fn) { update_fn_ = std::move(fn); }
 
   // Buckets a forward needed before their all-gather was issued (stays 0:
   // start_gathers() issues them all; tests check it).
@@ -199,7 +201,8 @@ class Engine {
   std::unique_ptr<SchedulePolicy> policy_;
   UpdateStrategy strategy_;  // the policy's, fixed: buffers are allocated for it
   Collective reduction_;     // the policy's, fixed: likewise
-  std::function<void(int64_t)> update_fn_;
+  UpdateFn update_fn_;
+  std::vector<bool> updated_;  // replicated: per parameter, this step's update ran
 
   std::vector<Bucket> buckets_;
   std::vector<bool> grad_ready_;  // per parameter, this backward
