@@ -33,12 +33,13 @@ py::object to_dtype(c10::ScalarType type) {
   return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
 }
 
-BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, int64_t bucket_cap_bytes, int64_t world_size) {
+BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, int64_t bucket_cap_bytes, int64_t world_size,
+                  int64_t partition_bytes) {
   std::vector<c10::ScalarType> types;
   for (const auto& d : dtypes) {
     types.push_back(to_scalar_type(d));
   }
-  return plan_buckets(numels, types, bucket_cap_bytes, world_size);
+  return plan_buckets(numels, types, bucket_cap_bytes, world_size, partition_bytes);
 }
 
 // A collective started from Python (benchmarks, tests); wait() releases the GIL.
@@ -158,6 +159,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("numel", &BucketSpec::numel)
       .def_readonly("padded_numel", &BucketSpec::padded_numel)
       .def_readonly("shard_numel", &BucketSpec::shard_numel)
+      .def_readonly("buffer", &BucketSpec::buffer)
+      .def_readonly("buffer_offset", &BucketSpec::buffer_offset)
       .def_property_readonly("dtype", [](const BucketSpec& s) { return to_dtype(s.dtype); });
 
   py::class_<BucketLayout::Piece>(m, "Piece")
@@ -170,13 +173,21 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("params", &BucketLayout::params)
       .def_readonly("buckets", &BucketLayout::buckets)
       .def_readonly("world_size", &BucketLayout::world_size)
+      .def_readonly("buffer_numels", &BucketLayout::buffer_numels)
+      .def("buffer_offset", &BucketLayout::buffer_offset, py::arg("param"),
+           "Where the parameter starts in its flat buffer (one per dtype).")
       .def("pieces", &BucketLayout::pieces, py::arg("bucket"), py::arg("begin"), py::arg("end"),
            "Parameters of `bucket` overlapping its element range [begin, end).")
       .def("describe", &BucketLayout::describe);
 
   m.def("plan_buckets", &plan, py::arg("numels"), py::arg("dtypes"), py::arg("bucket_cap_bytes"),
-        py::arg("world_size"),
-        "Plans fused buckets over parameters given in forward order (pure; no process group).");
+        py::arg("world_size"), py::arg("partition_bytes") = kNoPartition,
+        "Plans fused buckets over parameters given in forward order (pure; no process group). With "
+        "partition_bytes, no bucket is larger: parameters are split at multiples of partition_unit().");
+  m.def("partition_unit", [](int64_t world_size, const py::handle& dtype) {
+    return partition_unit(world_size, to_scalar_type(dtype));
+  }, py::arg("world_size"), py::arg("dtype"),
+        "Partition boundaries fall on multiples of this many elements.");
   m.attr("SHARD_ALIGN_BYTES") = kShardAlignBytes;
   m.attr("FIRST_BUCKET_CAP_BYTES") = kFirstBucketCapBytes;
 

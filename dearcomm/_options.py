@@ -30,6 +30,14 @@ class WrapOptions:
     after the small first bucket). Larger buckets amortise each collective's
     start-up latency; smaller ones start communication earlier. 25 is DDP's default."""
 
+    partition_mb: Optional[float] = None
+    """Partition size in MiB: no bucket is larger, so a tensor that would pass it
+    is split and its parts are communicated as separate buckets (ByteScheduler's
+    tensor partitioning; a large tensor's first parts can go out, or be used,
+    before the rest). Split points fall on multiples of world_size x 64 bytes
+    (_C.partition_unit), so the size is rounded down to that (at least one
+    unit). None (default): tensors are never split."""
+
     schedule: str = "dear"
     """"dear": reduce-scatter during backward, all-gather during the next forward.
     "wfbp": bucketed all-reduce during backward, finished when backward returns
@@ -78,6 +86,11 @@ class WrapOptions:
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
         if not self.bucket_mb >= 0:  # also rejects NaN
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
+        if self.partition_mb is not None and (
+            not isinstance(self.partition_mb, (int, float)) or isinstance(self.partition_mb, bool)
+            or not self.partition_mb > 0
+        ):
+            raise ValueError(f"dearcomm: partition_mb must be a positive number of MiB or None, got {self.partition_mb!r}")
         if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         entry = _REGISTRY[self.schedule]
@@ -104,6 +117,14 @@ class WrapOptions:
     def update_strategy(self) -> str:
         """When the optimizer runs: SHARDED_AT_STEP, REPLICATED_BEFORE_USE or FULL_AFTER_REDUCTION."""
         return _REGISTRY[self.schedule]["updates"][self.update]
+
+    @property
+    def partition_bytes(self) -> int:
+        """The planner's partition size (INT64_MAX: never split)."""
+        if self.partition_mb is None:
+            return INT64_MAX
+        size = self.partition_mb * 1024 * 1024
+        return INT64_MAX if size >= INT64_MAX else max(1, int(size))
 
     @property
     def bucket_cap_bytes(self) -> int:

@@ -266,6 +266,7 @@ class DearRuntime:
             [p.dtype for p in self.params],
             self.options.bucket_cap_bytes,
             self.world_size,
+            self.options.partition_bytes,
         )
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
@@ -279,7 +280,7 @@ class DearRuntime:
         self._drain = weakref.finalize(self._module, _drain, self.engine)
         self._drain.atexit = False  # at exit the process group may be gone; nothing is read again anyway
         for module, params in readers.items():
-            self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in params})
+            self._module_buckets[module] = sorted({b for p in params for b in _buckets_of(layout.params[self.index[p]])})
         for module, handle in list(self._forward_handles.items()):
             if not self._module_buckets.get(module):
                 handle.remove()  # nothing to wait for: no Python call per forward
@@ -395,6 +396,11 @@ class DearRuntime:
         self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
+
+
+def _buckets_of(slot) -> range:
+    """Every bucket holding part of a parameter (several where partitioning split it)."""
+    return range(slot.bucket, slot.last_bucket + 1)
 
 
 def _drain(engine: _C.Engine) -> None:

@@ -20,6 +20,7 @@ def wrap(
     optimizer: Optimizer,
     *,
     bucket_mb: float = 25.0,
+    partition_mb: Optional[float] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
     process_group: Optional[dist.ProcessGroup] = None,
@@ -67,6 +68,9 @@ def wrap(
             update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...).
         bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor;
             float("inf") = no cap.
+        partition_mb: if set, no bucket is larger: a tensor that would pass it is
+            split, its parts communicated as separate buckets (ByteScheduler's
+            partitioning). Default None: tensors are never split.
         schedule: "dear" (default) or "wfbp".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
@@ -86,7 +90,7 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    options = WrapOptions(bucket_mb=bucket_mb, schedule=schedule, update=update, process_group=process_group,
+    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
                           max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,
                           broadcast_buffers=broadcast_buffers)

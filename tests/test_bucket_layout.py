@@ -95,3 +95,88 @@ def test_first_bucket_is_small_so_both_ends_of_the_overlap_are():
     assert _C.FIRST_BUCKET_CAP_BYTES == 2**20
     assert [(b.first_param, b.num_params) for b in layout.buckets] == [(0, 2), (2, 3)]
     assert plan([10, 10], 40, 2).buckets[0].num_params == 1  # a smaller cap still wins
+
+
+# ---- partitioning (layout v2): a parameter may span buckets ------------------
+
+def plan_partitioned(numels, cap_bytes, world_size, partition_bytes, dtypes=None):
+    return _C.plan_buckets(numels, dtypes or [F32] * len(numels), cap_bytes, world_size, partition_bytes)
+
+
+def covered_elements(layout):
+    """(param, element) for every data element of every bucket, via pieces."""
+    out = []
+    for b, bucket in enumerate(layout.buckets):
+        for rank in range(layout.world_size):
+            begin = rank * bucket.shard_numel
+            for piece in layout.pieces(b, begin, begin + bucket.shard_numel):
+                assert begin <= piece.bucket_offset and piece.bucket_offset + piece.numel <= begin + bucket.shard_numel
+                # where the piece sits in the flat buffer is where its parameter's elements are
+                assert (bucket.buffer_offset + piece.bucket_offset
+                        == layout.buffer_offset(piece.param) + piece.param_offset)
+                out += [(piece.param, piece.param_offset + i) for i in range(piece.numel)]
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("partition_bytes", [1, 1000, 4 * 1001, 64 * 1024])
+@pytest.mark.parametrize("cap_bytes", [0, 40, 10**9])
+def test_partitions_cover_every_element_once_and_stay_under_the_size(world_size, partition_bytes, cap_bytes):
+    """Guards against lost or doubled elements at split points (odd tensor
+    sizes, odd partition sizes) and against buckets over the partition size."""
+    numels = [37 * 13, 1, 4099, 3, 1001, 8, 17 * 257]
+    layout = plan_partitioned(numels, cap_bytes, world_size, partition_bytes)
+    unit = _C.partition_unit(world_size, F32)
+    limit = max(unit, partition_bytes // 4 // unit * unit)
+    assert sorted(covered_elements(layout)) == [(p, i) for p, n in enumerate(numels) for i in range(n)]
+    offset = 0
+    for b, bucket in enumerate(layout.buckets):
+        assert bucket.padded_numel <= limit
+        assert bucket.buffer == 0 and bucket.buffer_offset == offset  # one flat buffer, consecutive ranges
+        offset += bucket.padded_numel
+        last = layout.params[bucket.first_param + bucket.num_params - 1]
+        if last.last_bucket > b:  # split here: full, no padding, on the unit
+            assert bucket.numel == bucket.padded_numel == limit and limit % unit == 0
+    assert layout.buffer_numels == [offset]
+    for p, slot in enumerate(layout.params):
+        assert slot.offset % 8 == 0 and slot.bucket <= slot.last_bucket
+        spans = [b for b in range(len(layout.buckets)) if any(x.param == p for x in layout.pieces(b, 0, 2**62))]
+        assert spans == list(range(slot.bucket, slot.last_bucket + 1))
+
+
+def test_a_large_tensor_is_split_into_partition_sized_buckets():
+    unit = _C.partition_unit(2, F32)  # 2 ranks x 16 floats
+    layout = plan_partitioned([10, 1000, 6], 0, 2, 256 * 4)  # 256 floats per partition
+    assert unit == 32
+    assert [(b.first_param, b.num_params, b.numel) for b in layout.buckets] == [
+        (0, 1, 10), (1, 1, 256), (1, 1, 256), (1, 1, 256), (1, 1, 232), (2, 1, 6)]
+    assert [(s.bucket, s.last_bucket) for s in layout.params] == [(0, 0), (1, 4), (5, 5)]
+    assert "(split)" in layout.describe() and "(cont.)" in layout.describe()
+
+
+def test_small_tensors_fuse_up_to_the_partition_and_the_split_continues():
+    # No fusion cap (inf), partition 64 floats at world size 1 (unit 16).
+    layout = plan_partitioned([20, 20, 40], 2**62, 1, 64 * 4)
+    assert [(s.bucket, s.offset, s.last_bucket) for s in layout.params] == [(0, 0, 0), (0, 24, 0), (0, 48, 1)]
+    assert [b.numel for b in layout.buckets] == [64, 24]  # the third tensor: 16 elements here, 24 in bucket 1
+
+
+def test_each_dtype_has_its_own_flat_buffer():
+    layout = plan_partitioned([100, 100, 100], 0, 2, 64 * 4, [F32, torch.bfloat16, F32])
+    assert [b.buffer for b in layout.buckets if b.dtype == F32] == [0] * 4
+    assert {b.buffer for b in layout.buckets if b.dtype == torch.bfloat16} == {1}
+    f32 = [b for b in layout.buckets if b.dtype == F32]
+    assert [b.buffer_offset for b in f32] == [0, 64, 128, 192]  # the third tensor continues buffer 0
+    assert sorted(covered_elements(layout)) == [(p, i) for p in range(3) for i in range(100)]
+
+
+def test_without_partitioning_nothing_is_split():
+    numels = [37 * 13, 1, 4099, 3, 1001]
+    for cap in (0, 40, 10**9):
+        layout = plan(numels, cap, 3)
+        assert all(s.bucket == s.last_bucket for s in layout.params)
+
+
+def test_bad_partition_size_is_named():
+    with pytest.raises(ValueError, match="partition size must be > 0"):
+        plan_partitioned([3], 0, 2, 0)

@@ -68,12 +68,12 @@ def views_worker(rank, world_size):
                 if comm_dtype is not None:
                     assert view is None, f"{runtime.names[param]}: a view into a {comm_dtype} bucket"
                     continue
-                # The slot of the bucket itself: the storage every parameter of
-                # the bucket shares, at the slot's offset.
+                # The slot of the flat buffer itself: the storage every parameter
+                # of the buffer shares, at the parameter's offset in it.
                 assert param.grad is view, f"{runtime.names[param]}: .grad is not its bucket view"
                 first = runtime.params[layout.buckets[slot.bucket].first_param]
                 assert param.grad.untyped_storage().data_ptr() == first.grad.untyped_storage().data_ptr()
-                assert param.grad.data_ptr() == param.grad.untyped_storage().data_ptr() + slot.offset * 4
+                assert param.grad.data_ptr() == param.grad.untyped_storage().data_ptr() + layout.buffer_offset(i) * 4
             optimizer.step()
             optimizer.zero_grad()
         count = len(runtime.params)

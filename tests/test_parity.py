@@ -20,15 +20,21 @@ STEPS = 7
 SMALL_BUCKET_MB = 2048 / 2**20  # 2 KiB: a few parameters per bucket
 
 SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+# (bucket_mb, partition_mb): one bucket per tensor, a few tensors per bucket,
+# the default; partitions smaller than the largest tensors (400 bytes, fused up
+# to that), and the smallest partition (1 byte: one partition unit, world_size
+# x 16 floats), which splits most tensors at odd offsets into many buckets.
+BUCKETINGS = [(0.0, None), (SMALL_BUCKET_MB, None), (25.0, None), (25.0, 400 / 2**20), (0.0, 1 / 2**20)]
 CONFIGS = [
-    dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb)
-    for optim, (schedule, update), bucket_mb in itertools.product(
-        ["sgd", "adamw"], SCHEDULES, [0.0, SMALL_BUCKET_MB, 25.0])
+    dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb)
+    for optim, (schedule, update), (bucket_mb, partition_mb) in itertools.product(
+        ["sgd", "adamw"], SCHEDULES, BUCKETINGS)
 ]
 
 
 def config_id(cfg):
-    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB"
+    partition = f"-partition{cfg['partition_mb'] * 2**20:g}B" if cfg.get("partition_mb") else ""
+    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}"
 
 
 def make_optimizer(kind, model):
@@ -58,6 +64,7 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
+                                     partition_mb=cfg.get("partition_mb"),
                                      schedule=cfg["schedule"], update=cfg["update"],
                                      comm_dtype=cfg.get("comm_dtype"))
     failures = []
@@ -67,6 +74,9 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
         F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
         optimizer.step()
         scheduler.step()
+        if step == 0 and cfg.get("partition_mb"):
+            slots = model._dear.engine.layout.params
+            assert any(s.last_bucket > s.bucket for s in slots), "partitioning split no parameter"
 
         ref_optimizer.zero_grad()
         F.cross_entropy(reference(tokens), labels).backward()
@@ -128,12 +138,14 @@ def large_bucket_worker(rank, world_size):
     1 MiB pieces and a tail that is not a multiple of them. No other parity
     test has a bucket above a few KiB."""
     failures = {}
-    for schedule, update in SCHEDULES:
+    # Also with the 2.7 MiB weight split into 1 MiB partitions.
+    for (schedule, update), partition_mb in itertools.product(SCHEDULES, [None, 1.0]):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(1000, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
         reference = copy.deepcopy(model)
         optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9) for m in (model, reference))
-        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=25.0, schedule=schedule, update=update)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=25.0, partition_mb=partition_mb,
+                                         schedule=schedule, update=update)
         g = torch.Generator().manual_seed(2)
         for _ in range(3):
             n = global_batch(world_size)
@@ -145,7 +157,7 @@ def large_bucket_worker(rank, world_size):
         compare("parameters", dict(model.named_parameters()), dict(reference.named_parameters()), errors, 3,
                 dict(rtol=1e-5, atol=1e-6))
         if errors:
-            failures[f"{schedule}-{update}"] = errors
+            failures[f"{schedule}-{update}-partition{partition_mb}"] = errors
     return failures
 
 

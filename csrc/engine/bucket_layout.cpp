@@ -12,63 +12,128 @@ int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-// Shard size of a bucket of `numel` elements: an equal 1/world_size share,
-// rounded up to kShardAlignBytes (see its comment for why).
-int64_t padded_shard_numel(int64_t numel, int64_t world_size, c10::ScalarType dtype) {
-  const int64_t align = std::max<int64_t>(1, kShardAlignBytes / static_cast<int64_t>(c10::elementSize(dtype)));
-  return round_up((numel + world_size - 1) / world_size, align);
+int64_t shard_align_elements(c10::ScalarType dtype) {
+  return std::max<int64_t>(1, kShardAlignBytes / static_cast<int64_t>(c10::elementSize(dtype)));
 }
 
+// Builds the layout bucket by bucket; see plan_buckets for the rules.
+class Planner {
+ public:
+  Planner(int64_t cap_bytes, int64_t partition_bytes, int64_t world_size)
+      : cap_bytes_(cap_bytes), partition_bytes_(partition_bytes) {
+    layout_.world_size = world_size;
+  }
+
+  void add(int64_t numel, c10::ScalarType dtype) {
+    const int64_t param = static_cast<int64_t>(layout_.params.size());
+    if (open_ && dtype != open_spec_.dtype) {
+      close();
+    }
+    if (!open_) {
+      open(param, dtype);
+    }
+    int64_t offset = round_up(open_spec_.numel, kParamAlignElements);
+    if (offset >= partition_numel_) {  // the gap alone reaches the partition: start afresh
+      close();
+      open(param, dtype);
+      offset = 0;
+    }
+    ParamSlot slot{current(), offset, numel, current()};
+    open_spec_.num_params += 1;
+    int64_t end = offset + numel;  // in the open bucket's coordinates
+    while (end > partition_numel_) {
+      // Split at the partition boundary: the bucket is full, without padding,
+      // and the parameter continues at the start of the next one.
+      open_spec_.numel = partition_numel_;
+      close();
+      open(param, dtype);
+      open_spec_.num_params = 1;
+      end -= partition_numel_;
+    }
+    open_spec_.numel = end;
+    slot.last_bucket = current();
+    layout_.params.push_back(slot);
+    const int64_t bytes = open_spec_.numel * static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t cap = layout_.buckets.empty() ? std::min(cap_bytes_, kFirstBucketCapBytes) : cap_bytes_;
+    if (bytes >= cap) {
+      close();
+    }
+  }
+
+  BucketLayout finish() {
+    if (open_) {
+      close();
+    }
+    return std::move(layout_);
+  }
+
+ private:
+  int64_t current() const { return static_cast<int64_t>(layout_.buckets.size()); }
+
+  void open(int64_t first_param, c10::ScalarType dtype) {
+    auto found = std::find(buffer_dtypes_.begin(), buffer_dtypes_.end(), dtype);
+    const int64_t buffer = found - buffer_dtypes_.begin();
+    if (found == buffer_dtypes_.end()) {
+      buffer_dtypes_.push_back(dtype);
+      layout_.buffer_numels.push_back(0);
+    }
+    const int64_t unit = partition_unit(layout_.world_size, dtype);
+    const int64_t partition_elements = partition_bytes_ / static_cast<int64_t>(c10::elementSize(dtype));
+    partition_numel_ = partition_bytes_ == kNoPartition ? kNoPartition
+                                                        : std::max(unit, partition_elements / unit * unit);
+    open_spec_ = BucketSpec{first_param, 0, 0, 0, 0, dtype, buffer, layout_.buffer_numels[buffer]};
+    open_ = true;
+  }
+
+  void close() {
+    BucketSpec& spec = open_spec_;
+    // An equal 1/world_size share per rank, rounded up to kShardAlignBytes
+    // (see its comment for why).
+    spec.shard_numel = round_up((spec.numel + layout_.world_size - 1) / layout_.world_size,
+                                shard_align_elements(spec.dtype));
+    spec.padded_numel = spec.shard_numel * layout_.world_size;
+    layout_.buffer_numels[spec.buffer] += spec.padded_numel;
+    layout_.buckets.push_back(spec);
+    open_ = false;
+  }
+
+  const int64_t cap_bytes_;
+  const int64_t partition_bytes_;
+  BucketLayout layout_;
+  std::vector<c10::ScalarType> buffer_dtypes_;  // flat buffer index -> its dtype
+  bool open_ = false;
+  BucketSpec open_spec_{};
+  int64_t partition_numel_ = kNoPartition;  // of the open bucket's dtype
+};
+
 }  // namespace
+
+int64_t partition_unit(int64_t world_size, c10::ScalarType dtype) {
+  return world_size * shard_align_elements(dtype);
+}
 
 BucketLayout plan_buckets(
     const std::vector<int64_t>& numels,
     const std::vector<c10::ScalarType>& dtypes,
     int64_t bucket_cap_bytes,
-    int64_t world_size) {
+    int64_t world_size,
+    int64_t partition_bytes) {
   TORCH_CHECK_VALUE(numels.size() == dtypes.size(),
       "dearcomm: plan_buckets got ", numels.size(), " sizes but ", dtypes.size(), " dtypes");
   TORCH_CHECK_VALUE(world_size >= 1, "dearcomm: world_size must be >= 1, got ", world_size);
   TORCH_CHECK_VALUE(bucket_cap_bytes >= 0, "dearcomm: bucket cap must be >= 0 bytes, got ", bucket_cap_bytes);
-
-  BucketLayout layout;
-  layout.world_size = world_size;
-  layout.params.reserve(numels.size());
-
-  auto close_bucket = [&](BucketSpec& bucket) {
-    bucket.shard_numel = padded_shard_numel(bucket.numel, world_size, bucket.dtype);
-    bucket.padded_numel = bucket.shard_numel * world_size;
-    layout.buckets.push_back(bucket);
-  };
-
-  BucketSpec open{0, 0, 0, 0, 0, c10::ScalarType::Undefined};
+  TORCH_CHECK_VALUE(partition_bytes > 0, "dearcomm: partition size must be > 0 bytes, got ", partition_bytes);
+  Planner planner(bucket_cap_bytes, partition_bytes, world_size);
   for (size_t i = 0; i < numels.size(); ++i) {
     TORCH_CHECK_VALUE(numels[i] > 0, "dearcomm: parameter ", i, " has no elements");
-    const bool dtype_changes = open.num_params > 0 && dtypes[i] != open.dtype;
-    if (dtype_changes) {
-      close_bucket(open);
-      open = BucketSpec{static_cast<int64_t>(i), 0, 0, 0, 0, dtypes[i]};
-    }
-    if (open.num_params == 0) {
-      open.first_param = static_cast<int64_t>(i);
-      open.dtype = dtypes[i];
-    }
-    const int64_t offset = round_up(open.numel, kParamAlignElements);
-    const int64_t bucket = static_cast<int64_t>(layout.buckets.size());
-    layout.params.push_back(ParamSlot{bucket, offset, numels[i], bucket});
-    open.numel = offset + numels[i];
-    open.num_params += 1;
-    const int64_t bytes = open.numel * static_cast<int64_t>(c10::elementSize(open.dtype));
-    const int64_t cap = layout.buckets.empty() ? std::min(bucket_cap_bytes, kFirstBucketCapBytes) : bucket_cap_bytes;
-    if (bytes >= cap) {
-      close_bucket(open);
-      open = BucketSpec{static_cast<int64_t>(i + 1), 0, 0, 0, 0, c10::ScalarType::Undefined};
-    }
+    planner.add(numels[i], dtypes[i]);
   }
-  if (open.num_params > 0) {
-    close_bucket(open);
-  }
-  return layout;
+  return planner.finish();
+}
+
+int64_t BucketLayout::buffer_offset(int64_t param) const {
+  const ParamSlot& slot = params.at(param);
+  return buckets[slot.bucket].buffer_offset + slot.offset;
 }
 
 std::vector<BucketLayout::Piece> BucketLayout::pieces(int64_t bucket, int64_t begin, int64_t end) const {
@@ -77,11 +142,12 @@ std::vector<BucketLayout::Piece> BucketLayout::pieces(int64_t bucket, int64_t be
   const BucketSpec& spec = buckets[bucket];
   std::vector<Piece> result;
   for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-    const ParamSlot& slot = params[p];
-    const int64_t lo = std::max(begin, slot.offset);
-    const int64_t hi = std::min(end, slot.offset + slot.numel);
+    // The parameter's range in this bucket's coordinates (it may start in an earlier bucket).
+    const int64_t start = buffer_offset(p) - spec.buffer_offset;
+    const int64_t lo = std::max({begin, start, int64_t{0}});
+    const int64_t hi = std::min({end, start + params[p].numel, spec.padded_numel});
     if (lo < hi) {
-      result.push_back(Piece{p, lo - slot.offset, hi - lo, lo});
+      result.push_back(Piece{p, lo - start, hi - lo, lo});
     }
   }
   return result;
@@ -91,8 +157,11 @@ std::string BucketLayout::describe() const {
   std::ostringstream out;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const BucketSpec& s = buckets[b];
-    out << "bucket " << b << ": params [" << s.first_param << ", " << s.first_param + s.num_params
-        << "), " << s.numel << " elements of " << c10::toString(s.dtype) << ", padded to "
+    const bool continues = params[s.first_param].bucket < static_cast<int64_t>(b);
+    const int64_t last = s.first_param + s.num_params - 1;
+    const bool split = params[last].last_bucket > static_cast<int64_t>(b);
+    out << "bucket " << b << ": params [" << s.first_param << (continues ? " (cont.)" : "") << ", " << last
+        << (split ? " (split)" : "") << "], " << s.numel << " elements of " << c10::toString(s.dtype) << ", padded to "
         << s.padded_numel << " (" << world_size << " shards of " << s.shard_numel << ")\n";
   }
   return out.str();

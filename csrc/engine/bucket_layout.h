@@ -12,8 +12,10 @@
 namespace dearcomm {
 
 // One parameter's place: `numel` elements from `offset` inside bucket
-// `bucket`, running on through the buckets up to `last_bucket` where a
-// partition boundary splits it (last_bucket == bucket otherwise).
+// `bucket`, running on through the next buckets up to `last_bucket` where a
+// partition boundary splits it (last_bucket == bucket otherwise). Buckets of
+// one dtype are consecutive ranges of one flat buffer, so a split parameter
+// still occupies one contiguous range of that buffer.
 struct ParamSlot {
   int64_t bucket;
   int64_t offset;
@@ -21,8 +23,12 @@ struct ParamSlot {
   int64_t last_bucket;
 };
 
-// One bucket: parameters [first_param, first_param + num_params) of the
-// forward order, `numel` data elements, padded to `padded_numel` so that it
+// One bucket, the unit of communication: elements [buffer_offset,
+// buffer_offset + padded_numel) of flat buffer `buffer` (one per dtype, in
+// order of first use). It overlaps parameters [first_param, first_param +
+// num_params) of the forward order; the first and the last may continue in
+// the neighbouring buckets. `numel` elements from its start hold data (and
+// the alignment gaps between parameters); the rest is padding so that it
 // splits into world_size equal shards of `shard_numel` elements.
 struct BucketSpec {
   int64_t first_param;
@@ -31,15 +37,22 @@ struct BucketSpec {
   int64_t padded_numel;
   int64_t shard_numel;
   c10::ScalarType dtype;
+  int64_t buffer;
+  int64_t buffer_offset;
 };
 
 struct BucketLayout {
   std::vector<ParamSlot> params;
   std::vector<BucketSpec> buckets;
+  std::vector<int64_t> buffer_numels;  // per flat buffer: its elements (the sum of its buckets' padded_numel)
   int64_t world_size = 1;
 
+  // Where parameter `param` starts in its flat buffer.
+  int64_t buffer_offset(int64_t param) const;
+
   // Parameters of bucket b overlapping the element range [begin, end) of the
-  // bucket, as {param index, first element inside the param, element count}.
+  // bucket, as {param index, first element inside the param, element count,
+  // where that element sits in the bucket}.
   struct Piece {
     int64_t param;
     int64_t param_offset;
@@ -71,14 +84,27 @@ constexpr int64_t kParamAlignElements = 8;
 // first bucket small (1 MiB) for the same reason at its one end.
 constexpr int64_t kFirstBucketCapBytes = 1 << 20;
 
-// Plans buckets over parameters given in forward order. A bucket is closed
-// once it holds at least `bucket_cap_bytes` (0: one bucket per parameter;
-// bucket 0: see kFirstBucketCapBytes) or when the next parameter has another
-// dtype (a bucket is one flat tensor).
+// No partitioning: a bucket boundary never splits a parameter.
+constexpr int64_t kNoPartition = INT64_MAX;
+
+// Plans buckets over parameters given in forward order. A bucket is closed at
+// the end of a parameter once it holds at least `bucket_cap_bytes` (0: one
+// bucket per parameter; bucket 0: see kFirstBucketCapBytes), or when the next
+// parameter has another dtype (a bucket is one flat tensor). With
+// `partition_bytes`, no bucket holds more: a parameter that would pass that
+// size is split, and the rest continues in the next bucket (ByteScheduler's
+// tensor partitioning). Split points are multiples of world_size shard
+// alignments (partition_unit), so the split bucket needs no padding and its
+// neighbour continues the parameter contiguously; partition_bytes is rounded
+// down to that unit (at least one unit).
 BucketLayout plan_buckets(
     const std::vector<int64_t>& numels,
     const std::vector<c10::ScalarType>& dtypes,
     int64_t bucket_cap_bytes,
-    int64_t world_size);
+    int64_t world_size,
+    int64_t partition_bytes = kNoPartition);
+
+// The granularity of partition boundaries, in elements of `dtype`.
+int64_t partition_unit(int64_t world_size, c10::ScalarType dtype);
 
 }  // namespace dearcomm

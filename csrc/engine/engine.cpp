@@ -38,13 +38,11 @@ const char* to_string(BucketState state) {
   return "?";
 }
 
+// A bucket's tensors are views into the flat buffers of its dtype (Flat), so a
+// parameter that spans buckets has one contiguous .grad, master and parameter.
 struct Engine::Bucket {
   BucketState state = BucketState::kCurrent;
-  int64_t ready = 0;        // parameters whose gradient arrived this backward
-  // This backward's gradients, held until the bucket is complete and packed in
-  // one go (one fused launch on GPU); indexed like `offsets`.
-  std::vector<at::Tensor> arrived;
-  std::vector<int64_t> offsets;  // element offset of each parameter in the bucket
+  int64_t ready = 0;        // parameters overlapping it whose gradient arrived this backward
   // Local gradients (padded): packed, or accumulated in place by autograd where
   // .grad is a view into it (has_grad_views).
   at::Tensor grads;
@@ -60,6 +58,16 @@ struct Engine::Bucket {
   at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
   std::unique_ptr<PendingCollective> pending;
   int64_t launched_ns = -1;  // timeline: when `pending` was launched
+};
+
+// One flat buffer per dtype (Megatron-LM's grad buffer): the buckets' tensors
+// of the same name are consecutive ranges of these.
+struct Engine::Flat {
+  at::Tensor grads;
+  at::Tensor gathered_comm;
+  at::Tensor gathered;
+  at::Tensor params;
+  bool grad_views = false;
 };
 
 namespace {
@@ -87,7 +95,11 @@ Engine::Engine(BucketLayout layout,
       backend_(std::move(backend)),
       options_(options),
       policy_(std::move(policy)),
-      grad_ready_(params_.size(), false) {
+      grad_ready_(params_.size(), false),
+      arrived_(params_.size()),
+      packed_(params_.size(), false),
+      unreduced_buckets_(params_.size(), 0),
+      grad_views_(params_.size()) {
   TORCH_CHECK_VALUE(backend_, "dearcomm: no communication backend");
   TORCH_CHECK_VALUE(policy_, "dearcomm: no schedule policy");
   strategy_ = policy_->update_strategy();
@@ -103,52 +115,83 @@ Engine::Engine(BucketLayout layout,
       "dearcomm: the layout was planned for world size ", layout_.world_size,
       " but the process group has ", backend_->world_size(), " ranks");
 
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const ParamSlot& slot = layout_.params[p];
+    const c10::ScalarType dtype = layout_.buckets.at(slot.bucket).dtype;
+    TORCH_CHECK_VALUE(params_[p].numel() == slot.numel && params_[p].scalar_type() == dtype,
+        "dearcomm: parameter '", names_[p], "' (", params_[p].numel(), " elements of ",
+        params_[p].scalar_type(), ") does not match its slot in bucket ", slot.bucket, " (",
+        slot.numel, " elements of ", dtype, ")");
+  }
+  allocate_flat_buffers();
   const int64_t rank = backend_->rank();
   buckets_.resize(layout_.buckets.size());
-  grad_views_.resize(params_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
+    const Flat& flat = flats_[spec.buffer];
     Bucket& bucket = buckets_[b];
-    const at::TensorOptions opts = params_[spec.first_param].options().dtype(spec.dtype);
-    const at::TensorOptions comm = opts.dtype(comm_dtype(b));
-    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-      TORCH_CHECK_VALUE(params_[p].numel() == layout_.params[p].numel && params_[p].scalar_type() == spec.dtype,
-          "dearcomm: parameter '", names_[p], "' (", params_[p].numel(), " elements of ",
-          params_[p].scalar_type(), ") does not match its slot in bucket ", b, " (",
-          layout_.params[p].numel, " elements of ", spec.dtype, ")");
-      bucket.offsets.push_back(layout_.params[p].offset);
-    }
-    bucket.arrived.resize(spec.num_params);
-    // Zeroed once: the pad is never written, so it stays zero through every collective.
-    bucket.grads = at::zeros({spec.padded_numel}, comm);
-    // .grad can live in the bucket only where the bucket holds it as it is.
-    bucket.has_grad_views = options_.grad_views && comm_dtype(b) == spec.dtype && pre_divide(b) == 1.0;
-    if (bucket.has_grad_views) {
-      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-        grad_views_[p] = alias_with_own_version(param_view(bucket.grads, p));
-      }
-    }
+    auto range = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, spec.buffer_offset, spec.padded_numel) : t; };
+    bucket.grads = range(flat.grads);
+    bucket.has_grad_views = flat.grad_views;
+    bucket.gathered_comm = range(flat.gathered_comm);
+    bucket.gathered = range(flat.gathered);
+    bucket.params = range(flat.params);
     if (reduction_ == Collective::kReduceScatter) {
-      bucket.grad_shard = at::zeros({spec.shard_numel}, comm);
+      bucket.grad_shard = at::zeros({spec.shard_numel}, bucket.grads.options());
       if (strategy_ == UpdateStrategy::kShardedAtStep) {
-        bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard : at::zeros({spec.shard_numel}, opts.dtype(at::kFloat));
-      } else {
-        // Averaged gradients must not land in .grad's views: zero_grad() and the
-        // next backward write those while the all-gathers are still in flight.
-        bucket.gathered_comm = bucket.has_grad_views ? at::zeros({spec.padded_numel}, comm) : bucket.grads;
-        bucket.gathered = comm_dtype(b) == spec.dtype ? bucket.gathered_comm : at::zeros({spec.padded_numel}, opts);
+        bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard
+                                                         : at::zeros({spec.shard_numel}, bucket.grads.options().dtype(at::kFloat));
       }
     }
     if (strategy_ == UpdateStrategy::kShardedAtStep) {
-      bucket.params = at::zeros({spec.padded_numel}, opts);
-      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-        param_view(bucket.params, p).copy_(params_[p].detach());
-      }
       bucket.master = bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel)
                           .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      bucket.gather_input = spec.dtype == at::kFloat ? bucket.master : at::empty({spec.shard_numel}, opts);
+      bucket.gather_input = spec.dtype == at::kFloat ? bucket.master : at::empty({spec.shard_numel}, bucket.params.options());
     }
   }
+}
+
+void Engine::allocate_flat_buffers() {
+  flats_.resize(layout_.buffer_numels.size());
+  std::vector<bool> done(flats_.size(), false);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const BucketSpec& spec = layout_.buckets[b];
+    if (done[spec.buffer]) {
+      continue;
+    }
+    done[spec.buffer] = true;
+    Flat& flat = flats_[spec.buffer];
+    const int64_t numel = layout_.buffer_numels[spec.buffer];
+    const at::TensorOptions opts = params_[spec.first_param].options().dtype(spec.dtype);
+    const at::TensorOptions comm = opts.dtype(comm_dtype(static_cast<int64_t>(b)));
+    // Zeroed once: pads and gaps are never written, so they stay zero through every collective.
+    flat.grads = at::zeros({numel}, comm);
+    // .grad can live in the buffer only where the buffer holds it as it is.
+    flat.grad_views = options_.grad_views && comm_dtype(static_cast<int64_t>(b)) == spec.dtype &&
+                      pre_divide(static_cast<int64_t>(b)) == 1.0;
+    if (strategy_ == UpdateStrategy::kReplicatedBeforeUse) {
+      // Averaged gradients must not land in .grad's views: zero_grad() and the
+      // next backward write those while the all-gathers are still in flight.
+      flat.gathered_comm = flat.grad_views ? at::zeros({numel}, comm) : flat.grads;
+      flat.gathered = comm.dtype() == opts.dtype() ? flat.gathered_comm : at::zeros({numel}, opts);
+    }
+    if (strategy_ == UpdateStrategy::kShardedAtStep) {
+      flat.params = at::zeros({numel}, opts);
+    }
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const Flat& flat = flat_of(static_cast<int64_t>(p));
+    if (flat.grad_views) {
+      grad_views_[p] = alias_with_own_version(param_view(flat.grads, static_cast<int64_t>(p)));
+    }
+    if (flat.params.defined()) {
+      param_view(flat.params, static_cast<int64_t>(p)).copy_(params_[p].detach());
+    }
+  }
+}
+
+const Engine::Flat& Engine::flat_of(int64_t param) const {
+  return flats_[layout_.buckets[layout_.params[param].bucket].buffer];
 }
 
 Engine::~Engine() = default;
@@ -182,8 +225,7 @@ BucketState Engine::bucket_state(int64_t bucket) const {
 }
 
 at::Tensor Engine::param_view(const at::Tensor& flat, int64_t param) const {
-  const ParamSlot& slot = layout_.params[param];
-  return flat.narrow(0, slot.offset, slot.numel).view(params_[param].sizes());
+  return flat.narrow(0, layout_.buffer_offset(param), layout_.params[param].numel).view(params_[param].sizes());
 }
 
 bool Engine::is_grad_view(int64_t param, const at::Tensor& grad) const {
@@ -230,6 +272,10 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       "; backward must not run inside optimizer.step()");
   if (state_ == IterationState::kIdle) {
     std::fill(grad_ready_.begin(), grad_ready_.end(), false);
+    std::fill(packed_.begin(), packed_.end(), false);
+    for (size_t p = 0; p < params_.size(); ++p) {
+      unreduced_buckets_[p] = layout_.params[p].last_bucket - layout_.params[p].bucket + 1;
+    }
     for (Bucket& bucket : buckets_) {
       bucket.ready = 0;
       bucket.state = BucketState::kFilling;
@@ -257,10 +303,11 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       " but the parameter has shape ", params_[param].sizes());
 
   const ParamSlot& slot = layout_.params[param];
-  Bucket& bucket = buckets_[slot.bucket];
-  bucket.arrived[param - layout_.buckets[slot.bucket].first_param] = grad;
+  arrived_[param] = grad;
   grad_ready_[param] = true;
-  bucket.ready += 1;
+  for (int64_t b = slot.bucket; b <= slot.last_bucket; ++b) {
+    buckets_[b].ready += 1;
+  }
 
   // Buckets become eligible in descending order on every rank, whatever order
   // the gradients arrive in: the policy sees the same events everywhere.
@@ -342,20 +389,26 @@ void Engine::check_backward_complete() const {
 void Engine::start_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
   const BucketSpec& spec = layout_.buckets[b];
-  // A gradient that autograd accumulated into its bucket view is in place already.
+  // A parameter is packed whole by the first of its buckets to go out (its
+  // gradient is complete by then); a gradient that autograd accumulated into
+  // its bucket view is in place already.
   std::vector<at::Tensor> sources;
   std::vector<int64_t> offsets, packed;
-  for (int64_t i = 0; i < spec.num_params; ++i) {
-    const int64_t p = spec.first_param + i;
-    if (!is_grad_view(p, bucket.arrived[i])) {
-      sources.push_back(bucket.arrived[i]);
-      offsets.push_back(bucket.offsets[i]);
+  for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+    if (packed_[p]) {
+      continue;
+    }
+    packed_[p] = true;
+    if (!is_grad_view(p, arrived_[p])) {
+      sources.push_back(arrived_[p]);
+      offsets.push_back(layout_.buffer_offset(p));
       packed.push_back(p);
     }
+    arrived_[p] = at::Tensor();  // the user owns .grad again
   }
   if (!sources.empty()) {
     DEARCOMM_RANGE("pack", b);
-    backend_->pack(sources, offsets, bucket.grads, pre_divide(b));
+    backend_->pack(sources, offsets, flats_[spec.buffer].grads, pre_divide(b));
   }
   packed_params_ += static_cast<int64_t>(packed.size());
   // As DDP's reducer does: a .grad that was None or replaced becomes the view
@@ -367,7 +420,6 @@ void Engine::start_reduction(int64_t b) {
       grad = grad_views_[p];
     }
   }
-  std::fill(bucket.arrived.begin(), bucket.arrived.end(), at::Tensor());  // the user owns .grad again
   if (reduction_ == Collective::kReduceScatter) {
     DEARCOMM_RANGE("reduce_scatter", b);
     bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
@@ -424,7 +476,7 @@ void Engine::finish_reduction(int64_t b) {
     if (post_divide != 1.0) {
       bucket.grads.div_(post_divide);
     }
-    copy_grads_to_params(b, bucket.grads);
+    copy_grads_to_params(b);
   }
   bucket.state = BucketState::kReduced;
 }
@@ -466,17 +518,20 @@ void Engine::bind_params_to_gather_buffers() {
   // Done at the first step, never inside a backward, so no saved tensor of
   // autograd sees a parameter change its storage.
   for (size_t p = 0; p < params_.size(); ++p) {
-    const Bucket& bucket = buckets_[layout_.params[p].bucket];
-    params_[p].set_data(param_view(bucket.params, static_cast<int64_t>(p)));
+    params_[p].set_data(param_view(flat_of(static_cast<int64_t>(p)).params, static_cast<int64_t>(p)));
   }
   params_bound_ = true;
 }
 
-void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
+void Engine::copy_grads_to_params(int64_t b) {
+  // A parameter is unpacked whole once the last of its buckets is averaged.
   const BucketSpec& spec = layout_.buckets[b];
   std::vector<at::Tensor> grads;
   std::vector<int64_t> offsets;
   for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
+    if (--unreduced_buckets_[p] > 0) {
+      continue;
+    }
     at::Tensor& grad = params_[p].mutable_grad();
     if (is_grad_view(p, grad)) {
       continue;  // averaged in place
@@ -485,11 +540,11 @@ void Engine::copy_grads_to_params(int64_t b, const at::Tensor& flat) {
       grad = at::empty_like(params_[p]);
     }
     grads.push_back(grad);
-    offsets.push_back(layout_.params[p].offset);
+    offsets.push_back(layout_.buffer_offset(p));
   }
   if (!grads.empty()) {
     DEARCOMM_RANGE("unpack", b);
-    backend_->unpack(flat, offsets, grads);
+    backend_->unpack(flats_[spec.buffer].grads, offsets, grads);
   }
 }
 
@@ -522,8 +577,8 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
         views.push_back(p);
       } else if (view) {  // the reductions may still read the bucket: not in place
         grad = set_to_none ? at::Tensor() : at::zeros_like(grad);
-      } else if (grad.defined()) {
-        not_views.push_back(p);
+      } else if (grad.defined() && layout_.params[p].bucket == static_cast<int64_t>(b)) {
+        not_views.push_back(p);  // once, from its first bucket
       }
     }
     if (views.empty()) {
@@ -656,7 +711,7 @@ at::Tensor Engine::averaged_grad(int64_t param) const {
       "dearcomm: parameter index ", param, " out of range");
   TORCH_CHECK(strategy_ == UpdateStrategy::kReplicatedBeforeUse,
       "dearcomm: averaged gradients outside .grad exist only with update='replicated' of schedule='dear'");
-  return param_view(buckets_[layout_.params[param].bucket].gathered, param);
+  return param_view(flat_of(param).gathered, param);
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {
@@ -670,14 +725,14 @@ void Engine::reload_master_shards() {
   TORCH_CHECK(state_ == IterationState::kIdle,
       "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state_));
   const int64_t rank = backend_->rank();
+  if (!params_bound_) {
+    for (size_t p = 0; p < params_.size(); ++p) {
+      param_view(flat_of(static_cast<int64_t>(p)).params, static_cast<int64_t>(p)).copy_(params_[p].detach());
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
     Bucket& bucket = buckets_[b];
-    if (!params_bound_) {
-      for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-        param_view(bucket.params, p).copy_(params_[p].detach());
-      }
-    }
     bucket.master.copy_(bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel));
   }
 }

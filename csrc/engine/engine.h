@@ -177,6 +177,7 @@ class Engine {
 
  private:
   struct Bucket;
+  struct Flat;
 
   void issue(const std::vector<Op>& ops);
   void start_reduction(int64_t bucket);
@@ -185,7 +186,9 @@ class Engine {
   void finish_gather(int64_t bucket);
   void bind_params_to_gather_buffers();
   void mark_all_current();
-  void copy_grads_to_params(int64_t bucket, const at::Tensor& flat);
+  void copy_grads_to_params(int64_t bucket);
+  void allocate_flat_buffers();
+  const Flat& flat_of(int64_t param) const;
   at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
   bool is_grad_view(int64_t param, const at::Tensor& grad) const;
   c10::ScalarType comm_dtype(int64_t bucket) const;
@@ -204,8 +207,14 @@ class Engine {
   UpdateFn update_fn_;
   std::vector<bool> updated_;  // replicated: per parameter, this step's update ran
 
+  std::vector<Flat> flats_;      // per flat buffer (one per dtype)
   std::vector<Bucket> buckets_;
-  std::vector<bool> grad_ready_;  // per parameter, this backward
+  // Per parameter, this backward:
+  std::vector<bool> grad_ready_;             // its gradient arrived
+  std::vector<at::Tensor> arrived_;          // that gradient, until packed
+  std::vector<bool> packed_;                 // in its bucket (packed, or accumulated there)
+  std::vector<int64_t> unreduced_buckets_;   // its buckets whose reduction did not finish yet
+  std::vector<at::Tensor> grad_views_;       // per parameter; undefined where impossible
   IterationState state_ = IterationState::kIdle;
   int64_t next_eligible_ = 0;     // eligibility order is B-1, B-2, ..., 0: counts eligible buckets
   bool backward_ended_ = false;   // end_backward() ran in this backward
@@ -213,7 +222,6 @@ class Engine {
   bool params_bound_ = false;
   int64_t prefetch_misses_ = 0;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
-  std::vector<at::Tensor> grad_views_;   // per parameter; undefined where impossible
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
