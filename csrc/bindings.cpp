@@ -62,8 +62,9 @@ std::shared_ptr<Engine> make_engine(
     double timeout_seconds,
     const py::object& backend_capsule,
     const py::object& comm_dtype,
-    bool grad_views) {
-  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update);  // raises for unknown names
+    bool grad_views,
+    int64_t credit_bytes) {
+  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update, credit_bytes);  // raises for unknown names
   EngineOptions options;
   options.grad_views = grad_views;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
@@ -98,6 +99,8 @@ py::list schedules() {
     entry["summary"] = info.summary;
     entry["updates"] = strategies;  // update name -> its strategy, e.g. "sharded" -> "sharded_at_step"
     entry["default_update"] = info.default_update;
+    entry["default_partition_bytes"] = info.default_partition_bytes;  // kNoPartition (INT64_MAX): never split
+    entry["default_credit_bytes"] = info.default_credit_bytes;        // 0: no credit
     out.append(entry);
   }
   return out;
@@ -113,21 +116,23 @@ py::list as_python(const std::vector<Op>& ops) {
 
 // One iteration of a policy without processes or tensors: the ops it returns
 // at each event, as [(event, [(collective, bucket), ...]), ...].
-py::dict policy_ops(const std::string& schedule, const std::string& update, int64_t num_buckets,
-                    const std::vector<int64_t>& eligible_order) {
-  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update);
+py::dict policy_ops(const std::string& schedule, const std::string& update,
+                    const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& eligible_order,
+                    int64_t credit_bytes) {
+  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update, credit_bytes);
   py::list events;
-  policy->begin_iteration(num_buckets);
+  policy->begin_iteration(bucket_bytes);
   for (int64_t bucket : eligible_order) {
     events.append(py::make_tuple("eligible " + std::to_string(bucket), as_python(policy->on_eligible(bucket))));
   }
   events.append(py::make_tuple("end_of_backward", as_python(policy->at_end_of_backward())));
-  events.append(py::make_tuple("step", as_python(policy->at_step(num_buckets))));
+  events.append(py::make_tuple("step", as_python(policy->at_step(static_cast<int64_t>(bucket_bytes.size())))));
   py::dict out;
   out["events"] = events;
   out["update_strategy"] = to_string(policy->update_strategy());
   out["reduction"] = to_string(policy->reduction());
   out["finish_reductions_at_end_of_backward"] = policy->finish_reductions_at_end_of_backward();
+  out["finish_reductions_in_forward"] = policy->finish_reductions_in_forward();
   return out;
 }
 
@@ -136,7 +141,7 @@ py::dict policy_ops(const std::string& schedule, const std::string& update, int6
 PYBIND11_MODULE(_C, m) {
   register_testing(m);
   m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
-      py::arg("num_buckets"), py::arg("eligible_order"),
+      py::arg("bucket_bytes"), py::arg("eligible_order"), py::arg("credit_bytes") = 0,
       "The ops a schedule policy returns at each event of one iteration (no processes, no tensors).");
   m.def("schedules", &schedules,
         "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
@@ -243,14 +248,17 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
            py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
-           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none(), py::arg("grad_views") = true)
+           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none(), py::arg("grad_views") = true,
+           py::arg("credit_bytes") = 0)
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)
       .def("end_backward", &Engine::end_backward, release())
       .def_property_readonly("finishes_reductions_at_end_of_backward",
                              &Engine::finishes_reductions_at_end_of_backward)
+      .def_property_readonly("finishes_reductions_in_forward", &Engine::finishes_reductions_in_forward)
       .def_property_readonly("update_strategy", [](const Engine& e) { return to_string(e.update_strategy()); })
+      .def_property_readonly("reduction", [](const Engine& e) { return to_string(e.reduction()); })
       .def_property_readonly("packed_params", &Engine::packed_params)
       .def("grad_view", [](const Engine& engine, int64_t param) -> py::object {
         at::Tensor view = engine.grad_view(param);

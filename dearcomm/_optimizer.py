@@ -133,8 +133,10 @@ class DistributedOptimizer(Optimizer):
             if self._runtime.closed:
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
-        engine.finish_reductions()
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
+        clipping = self._runtime.options.max_grad_norm is not None
+        if scaling or clipping or not engine.finishes_reductions_in_forward:
+            engine.finish_reductions()  # else (bytescheduler) the next forward waits for each bucket's
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
         self._check_grads_untouched(allowed_changes=1 if user_unscaled else 0)
         self._runtime.forget_grad_versions()
@@ -142,7 +144,7 @@ class DistributedOptimizer(Optimizer):
             engine.skip_step()  # inf/NaN on some rank: every rank skips, as GradScaler would
             self._runtime.after_step()
             return None
-        if self._runtime.options.max_grad_norm is not None:
+        if clipping:
             self._clip(self._runtime.options.max_grad_norm, 2.0)
         if self._shard_optimizer is not None:
             for shard_group, group in zip(self._shard_optimizer.param_groups, self.param_groups):
@@ -263,12 +265,15 @@ class DistributedOptimizer(Optimizer):
         norm_type = float(norm_type)
         shards = [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
         local = torch.stack([torch.linalg.vector_norm(s.float(), norm_type) for s in shards])
+        whole = engine.reduction == "all_reduce"  # every rank holds every bucket's average: no sum over ranks
         if norm_type == float("inf"):
             total = local.max()
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self._runtime.group)
+            if not whole:
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self._runtime.group)
         else:
             total = local.pow(norm_type).sum()
-            dist.all_reduce(total, group=self._runtime.group)
+            if not whole:
+                dist.all_reduce(total, group=self._runtime.group)
             total = total.pow(1.0 / norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for shard in shards:

@@ -36,12 +36,26 @@ class WrapOptions:
     tensor partitioning; a large tensor's first parts can go out, or be used,
     before the rest). Split points fall on multiples of world_size x 64 bytes
     (_C.partition_unit), so the size is rounded down to that (at least one
-    unit). None (default): tensors are never split."""
+    unit). None (default): the schedule's default: 32 MiB (8 M fp32 parameters,
+    the ByteScheduler paper's recommendation for all-reduce) for
+    "bytescheduler", never split for the others."""
+
+    credit_mb: Optional[float] = None
+    """schedule="bytescheduler" only: the credit, in MiB, that each point of
+    backward where a bucket becomes ready returns (as if the network had sent
+    that much since the last one; see csrc/schedule/op_queue.h). Queued
+    all-reduces go, most urgent (nearest the input) first, when the credit
+    covers them; the rest wait in the queue, where a more urgent one can still
+    overtake them, and all go when backward ends. Small: more reordering;
+    large: all-reduces go as soon as ready, as in WFBP. None: 64 MiB (16 M
+    fp32 parameters, the paper's recommendation for all-reduce)."""
 
     schedule: str = "dear"
     """"dear": reduce-scatter during backward, all-gather during the next forward.
     "wfbp": bucketed all-reduce during backward, finished when backward returns
-    (DDP's schedule). dearcomm._C.schedules() lists every schedule."""
+    (DDP's schedule). "bytescheduler": partitioned all-reduce under a priority
+    queue and a credit, each parameter updated in the next forward once its
+    partitions are reduced. dearcomm._C.schedules() lists every schedule."""
 
     update: Optional[str] = None
     """"sharded": each rank updates its 1/p shard of fp32 master parameters and the
@@ -91,6 +105,10 @@ class WrapOptions:
             or not self.partition_mb > 0
         ):
             raise ValueError(f"dearcomm: partition_mb must be a positive number of MiB or None, got {self.partition_mb!r}")
+        if self.credit_mb is not None and (
+            not isinstance(self.credit_mb, (int, float)) or isinstance(self.credit_mb, bool) or not self.credit_mb > 0
+        ):
+            raise ValueError(f"dearcomm: credit_mb must be a positive number of MiB or None, got {self.credit_mb!r}")
         if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         entry = _REGISTRY[self.schedule]
@@ -103,6 +121,10 @@ class WrapOptions:
                 f"dearcomm: schedule={self.schedule!r} with update={self.update!r} is not supported: "
                 f"{self.schedule} ({entry['summary']}) has update={' or '.join(map(repr, entry['updates']))}. "
                 f"Valid combinations: {_valid_combinations()}.")
+        if self.credit_mb is not None and not entry["default_credit_bytes"]:
+            with_credit = [name for name, e in _REGISTRY.items() if e["default_credit_bytes"]]
+            raise ValueError(f"dearcomm: schedule={self.schedule!r} has no credit; credit_mb applies to "
+                             f"schedule={' or '.join(map(repr, with_credit))}")
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")
@@ -122,9 +144,14 @@ class WrapOptions:
     def partition_bytes(self) -> int:
         """The planner's partition size (INT64_MAX: never split)."""
         if self.partition_mb is None:
-            return INT64_MAX
+            return _REGISTRY[self.schedule]["default_partition_bytes"]
         size = self.partition_mb * 1024 * 1024
         return INT64_MAX if size >= INT64_MAX else max(1, int(size))
+
+    @property
+    def credit_bytes(self) -> int:
+        """The policy's credit (0: the schedule's default, or none)."""
+        return 0 if self.credit_mb is None else max(1, int(min(self.credit_mb * 1024 * 1024, INT64_MAX)))
 
     @property
     def bucket_cap_bytes(self) -> int:

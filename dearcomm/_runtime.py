@@ -273,7 +273,7 @@ class DearRuntime:
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
-            self.options.comm_dtype, grad_views_enabled(),
+            self.options.comm_dtype, grad_views_enabled(), self.options.credit_bytes,
         )
         # A model dropped right after step() still has all-gathers in flight
         # into the engine's buffers: they must finish before the engine goes.

@@ -21,6 +21,7 @@ def wrap(
     *,
     bucket_mb: float = 25.0,
     partition_mb: Optional[float] = None,
+    credit_mb: Optional[float] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
     process_group: Optional[dist.ProcessGroup] = None,
@@ -70,8 +71,11 @@ def wrap(
             float("inf") = no cap.
         partition_mb: if set, no bucket is larger: a tensor that would pass it is
             split, its parts communicated as separate buckets (ByteScheduler's
-            partitioning). Default None: tensors are never split.
-        schedule: "dear" (default) or "wfbp".
+            partitioning). Default None: the schedule's own (32 MiB for
+            "bytescheduler"; never split for the others).
+        credit_mb: schedule="bytescheduler" only: MiB of queued all-reduces issued
+            per ready bucket during backward (default 64).
+        schedule: "dear" (default), "wfbp" or "bytescheduler".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
         timeout: limit for one collective; default: the process group's timeout.
@@ -90,7 +94,8 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, schedule=schedule, update=update, process_group=process_group,
+    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, credit_mb=credit_mb,
+                          schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
                           max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,
                           broadcast_buffers=broadcast_buffers)

@@ -19,7 +19,7 @@ from tests.multiprocess import run_workers
 STEPS = 7
 SMALL_BUCKET_MB = 2048 / 2**20  # 2 KiB: a few parameters per bucket
 
-SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated"), ("bytescheduler", "replicated")]
 # (bucket_mb, partition_mb): one bucket per tensor, a few tensors per bucket,
 # the default; partitions smaller than the largest tensors (400 bytes, fused up
 # to that), and the smallest partition (1 byte: one partition unit, world_size
@@ -29,12 +29,19 @@ CONFIGS = [
     dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb)
     for optim, (schedule, update), (bucket_mb, partition_mb) in itertools.product(
         ["sgd", "adamw"], SCHEDULES, BUCKETINGS)
+] + [
+    # A credit of one byte: one all-reduce per ready bucket, the rest queued
+    # until backward ends and then issued input side first.
+    dict(optim=optim, schedule="bytescheduler", update="replicated", bucket_mb=0.0, partition_mb=partition_mb,
+         credit_mb=1 / 2**20)
+    for optim, partition_mb in itertools.product(["sgd", "adamw"], [None, 1 / 2**20])
 ]
 
 
 def config_id(cfg):
     partition = f"-partition{cfg['partition_mb'] * 2**20:g}B" if cfg.get("partition_mb") else ""
-    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}"
+    credit = f"-credit{cfg['credit_mb'] * 2**20:g}B" if cfg.get("credit_mb") else ""
+    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}{credit}"
 
 
 def make_optimizer(kind, model):
@@ -64,7 +71,7 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
-                                     partition_mb=cfg.get("partition_mb"),
+                                     partition_mb=cfg.get("partition_mb"), credit_mb=cfg.get("credit_mb"),
                                      schedule=cfg["schedule"], update=cfg["update"],
                                      comm_dtype=cfg.get("comm_dtype"))
     failures = []

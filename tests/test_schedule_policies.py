@@ -15,8 +15,9 @@ B = 4
 BACKWARD = [3, 2, 1, 0]  # eligibility order: descending bucket index, as the engine reports it
 
 
-def ops_by_event(schedule, update, num_buckets=B):
-    result = _C._testing.policy_ops(schedule, update, num_buckets, list(reversed(range(num_buckets))))
+def ops_by_event(schedule, update, num_buckets=B, bucket_bytes=100, credit_bytes=0):
+    result = _C._testing.policy_ops(schedule, update, [bucket_bytes] * num_buckets,
+                                    list(reversed(range(num_buckets))), credit_bytes)
     return dict(result["events"]), result
 
 
@@ -24,7 +25,13 @@ def test_registry_lists_todays_schedules():
     assert {name: (entry["updates"], entry["default_update"]) for name, entry in REGISTRY.items()} == {
         "dear": ({"sharded": "sharded_at_step", "replicated": "replicated_before_use"}, "sharded"),
         "wfbp": ({"replicated": "full_after_reduction"}, "replicated"),
+        "bytescheduler": ({"replicated": "replicated_before_use"}, "replicated"),
     }
+    # The ByteScheduler paper's all-reduce recommendation: 8 M and 16 M fp32 parameters.
+    assert REGISTRY["bytescheduler"]["default_partition_bytes"] == 8 * 2**20 * 4
+    assert REGISTRY["bytescheduler"]["default_credit_bytes"] == 16 * 2**20 * 4
+    assert REGISTRY["dear"]["default_partition_bytes"] == 2**63 - 1  # never split unless asked
+    assert REGISTRY["dear"]["default_credit_bytes"] == 0
     for entry in REGISTRY.values():
         assert entry["summary"] and "\n" not in entry["summary"]
         assert entry["default_update"] in entry["updates"]
@@ -59,8 +66,9 @@ def test_every_policy_reduces_each_bucket_once_after_it_is_eligible(schedule, up
     it is eligible, and by the end of backward; step() only gathers reduced
     buckets; and the decisions are a function of the events alone."""
     order = list(reversed(range(num_buckets)))
-    first = _C._testing.policy_ops(schedule, update, num_buckets, order)
-    assert first == _C._testing.policy_ops(schedule, update, num_buckets, order), "not deterministic"
+    sizes = [100 * (b % 3 + 1) for b in range(num_buckets)]
+    first = _C._testing.policy_ops(schedule, update, sizes, order)
+    assert first == _C._testing.policy_ops(schedule, update, sizes, order), "not deterministic"
     eligible, reduced = set(), []
     for event, ops in first["events"]:
         if event.startswith("eligible "):
@@ -69,13 +77,57 @@ def test_every_policy_reduces_each_bucket_once_after_it_is_eligible(schedule, up
             assert all(kind == "all_gather" for kind, _ in ops), ops
             gathered = [b for _, b in ops]
             assert len(gathered) == len(set(gathered)) and set(gathered) <= set(range(num_buckets))
-            assert (first["update_strategy"] == "full_after_reduction") == (not gathered)
+            # Only a reduce-scatter leaves something to gather.
+            assert (first["reduction"] == "reduce_scatter") == bool(gathered)
             continue
         for kind, bucket in ops:
             assert kind == first["reduction"], (event, ops)
             assert bucket in eligible, f"{event}: reduces bucket {bucket} before it is eligible"
             reduced.append(bucket)
     assert sorted(reduced) == list(range(num_buckets))
+
+
+def test_bytescheduler_all_reduces_under_its_credit_and_leaves_them_to_the_next_forward():
+    events, result = ops_by_event("bytescheduler", "replicated")  # default credit: 64 MiB per tick
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
+    assert events["end_of_backward"] == [] and events["step"] == []
+    assert result["reduction"] == "all_reduce" and result["update_strategy"] == "replicated_before_use"
+    assert result["finish_reductions_at_end_of_backward"] is False
+    assert result["finish_reductions_in_forward"] is True  # step() does not wait: cross-iteration overlap
+
+
+def test_bytescheduler_queue_lets_a_more_urgent_bucket_overtake():
+    """Guards the priority queue: buckets of 100 bytes, a credit of 50 per
+    tick. Bucket 3 (ready first) waits for credit; bucket 2, ready at the next
+    tick, is more urgent and goes first; bucket 0 overtakes 1 and 3 likewise;
+    what is left goes when backward ends, input side first."""
+    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=50)
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[], [("all_reduce", 2)], [], [("all_reduce", 0)]]
+    assert events["end_of_backward"] == [("all_reduce", 1), ("all_reduce", 3)]
+
+
+def test_bytescheduler_credit_unused_while_idle_is_lost_and_big_buckets_wait_for_enough():
+    # 300-byte buckets, 100 per tick: nothing fits before the third tick.
+    events, _ = ops_by_event("bytescheduler", "replicated", bucket_bytes=300, credit_bytes=100)
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[], [], [("all_reduce", 1)], []]
+    assert events["end_of_backward"] == [("all_reduce", 0), ("all_reduce", 2), ("all_reduce", 3)]
+    # A credit that covers every bucket: each goes when ready, as in WFBP.
+    events, _ = ops_by_event("bytescheduler", "replicated", bucket_bytes=300, credit_bytes=300)
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
+
+
+def test_a_credit_is_refused_where_the_schedule_has_none():
+    with pytest.raises(ValueError, match="schedule='dear' has no credit"):
+        _C._testing.policy_ops("dear", "sharded", [100], [0], 10)
+    with pytest.raises(ValueError, match="schedule='wfbp' has no credit; credit_mb applies to schedule='bytescheduler'"):
+        WrapOptions(schedule="wfbp", credit_mb=1.0)
+    with pytest.raises(ValueError, match="credit_mb must be a positive number"):
+        WrapOptions(schedule="bytescheduler", credit_mb=0)
+    with pytest.raises(ValueError, match="partition_mb must be a positive number"):
+        WrapOptions(partition_mb=-1.0)
+    assert WrapOptions(schedule="bytescheduler").partition_bytes == 8 * 2**20 * 4
+    assert WrapOptions(schedule="bytescheduler", partition_mb=1.0).partition_bytes == 2**20
+    assert WrapOptions(schedule="dear").partition_bytes == 2**63 - 1
 
 
 # ---- the registry is the one list of names ----------------------------------
@@ -102,4 +154,4 @@ def test_wrap_options_accept_exactly_the_registered_combinations():
 def test_engine_side_resolves_names_through_the_same_registry(schedule, update, error, message):
     # make_engine and policy_ops both build their policy with make_policy.
     with pytest.raises(error, match=message):
-        _C._testing.policy_ops(schedule, update, 1, [0])
+        _C._testing.policy_ops(schedule, update, [100], [0])

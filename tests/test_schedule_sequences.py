@@ -18,7 +18,11 @@ from tests.multiprocess import run_workers
 
 SIZES = [300, 200, 100, 50, 25, 12, 7]  # forward order
 CAP_BYTES = 1200                        # -> buckets [300], [200, 100], [50, 25, 12, 7] after bucket 0
-SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+# (schedule, update, credit bytes): bytescheduler with its default credit (every
+# all-reduce goes when ready) and with a credit of 400 bytes per tick, under
+# which buckets queue and overtake each other.
+SCHEDULES = [("dear", "sharded", 0), ("dear", "replicated", 0), ("wfbp", "replicated", 0),
+             ("bytescheduler", "replicated", 0), ("bytescheduler", "replicated", 400)]
 
 
 def arrival_order(rank):
@@ -30,11 +34,11 @@ def arrival_order(rank):
     return order
 
 
-def one_iteration(rank, world_size, schedule, update):
+def one_iteration(rank, world_size, schedule, update, credit):
     layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
     params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
     engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(SIZES))], dist.group.WORLD, schedule, update,
-                       60.0)
+                       60.0, credit_bytes=credit)
     engine.set_tracing(True)
     states = [str(engine.state).split(".")[-1]]
 
@@ -47,8 +51,11 @@ def one_iteration(rank, world_size, schedule, update):
         engine.mark_grad_ready(p, torch.full((SIZES[p],), float(rank + 1)))
         note()
     engine.check_backward_complete()
-    engine.finish_reductions()  # step(): wait for every reduction ...
+    engine.end_backward()
     note()
+    if not engine.finishes_reductions_in_forward:
+        engine.finish_reductions()  # step(): wait for every reduction ...
+        note()
     engine.start_gathers()      # ... and issue what the next forward needs
     note()
     for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
@@ -60,27 +67,35 @@ def one_iteration(rank, world_size, schedule, update):
 
 EXPECTED = {
     # name: (states, collectives given B buckets)
-    ("dear", "sharded"): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
+    ("dear", "sharded", 0): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
                           lambda B: [("reduce_scatter", b) for b in reversed(range(B))] +
                                     [("all_gather", b) for b in range(B)]),
-    ("dear", "replicated"): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
+    ("dear", "replicated", 0): (["IDLE", "BACKWARD", "REDUCED", "GATHERING", "IDLE"],
                              lambda B: [("reduce_scatter", b) for b in reversed(range(B))] +
                                        [("all_gather", b) for b in range(B)]),
-    ("wfbp", "replicated"): (["IDLE", "BACKWARD", "REDUCED", "IDLE"],
-                             lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+    ("wfbp", "replicated", 0): (["IDLE", "BACKWARD", "REDUCED", "IDLE"],
+                                lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+    # step() leaves the all-reduces running; the forward waits for each bucket's.
+    ("bytescheduler", "replicated", 0): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
+                                         lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+    # Buckets of 1280, 1280 and 512 bytes (world size 2; 1344, 1344, 576 at 3),
+    # 400 bytes of credit per tick: none is covered before backward ends, and
+    # then the input side goes first, the reverse of WFBP's order.
+    ("bytescheduler", "replicated", 400): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
+                                           lambda B: [("all_reduce", b) for b in range(B)]),
 }
 
 
 def sequences_worker(rank, world_size):
-    return {f"{s}-{u}": one_iteration(rank, world_size, s, u) for s, u in SCHEDULES}
+    return {f"{s}-{u}-{c}": one_iteration(rank, world_size, s, u, c) for s, u, c in SCHEDULES}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_each_schedule_walks_its_states_and_issues_its_collectives_in_order(world_size):
     results = run_workers(sequences_worker, world_size)
-    for schedule, update in SCHEDULES:
-        name = f"{schedule}-{update}"
-        expected_states, expected_collectives = EXPECTED[(schedule, update)]
+    for schedule, update, credit in SCHEDULES:
+        name = f"{schedule}-{update}-{credit}"
+        expected_states, expected_collectives = EXPECTED[(schedule, update, credit)]
         for rank, per_schedule in enumerate(results):
             buckets, states, collectives, misses = per_schedule[name]
             assert buckets == 3, f"the sizes were meant to give 3 buckets, got {buckets}"
@@ -96,7 +111,7 @@ def test_ranks_with_different_gradient_orders_issue_identical_collectives(world_
     ones of its peers (garbage or a hang)."""
     assert arrival_order(1) != arrival_order(0)
     results = run_workers(sequences_worker, world_size)
-    for schedule, update in SCHEDULES:
-        name = f"{schedule}-{update}"
+    for schedule, update, credit in SCHEDULES:
+        name = f"{schedule}-{update}-{credit}"
         sequences = [per_schedule[name][2] for per_schedule in results]
         assert all(s == sequences[0] for s in sequences), f"{name}: {sequences}"

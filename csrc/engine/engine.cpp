@@ -106,7 +106,11 @@ Engine::Engine(BucketLayout layout,
   reduction_ = policy_->reduction();
   // Which buffers exist follows from these two (below), so they must agree:
   // only a reduce-scatter leaves the shard a sharded or gathered update needs.
-  TORCH_CHECK((reduction_ == Collective::kAllReduce) == (strategy_ == UpdateStrategy::kFullAfterReduction),
+  // A reduce-scatter leaves shards: updated sharded, or gathered and updated
+  // replicated. An all-reduce leaves full averages: in .grad for the user's
+  // optimizer, or read by a replicated update.
+  TORCH_CHECK(reduction_ == Collective::kReduceScatter ? strategy_ != UpdateStrategy::kFullAfterReduction
+                                                       : strategy_ != UpdateStrategy::kShardedAtStep,
       "dearcomm: a schedule policy reduces with ", to_string(reduction_), " but updates ", to_string(strategy_));
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
@@ -124,6 +128,10 @@ Engine::Engine(BucketLayout layout,
         slot.numel, " elements of ", dtype, ")");
   }
   allocate_flat_buffers();
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    bucket_bytes_.push_back(layout_.buckets[b].padded_numel *
+                            static_cast<int64_t>(c10::elementSize(comm_dtype(static_cast<int64_t>(b)))));
+  }
   const int64_t rank = backend_->rank();
   buckets_.resize(layout_.buckets.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -166,9 +174,13 @@ void Engine::allocate_flat_buffers() {
     const at::TensorOptions comm = opts.dtype(comm_dtype(static_cast<int64_t>(b)));
     // Zeroed once: pads and gaps are never written, so they stay zero through every collective.
     flat.grads = at::zeros({numel}, comm);
-    // .grad can live in the buffer only where the buffer holds it as it is.
+    // .grad can live in the buffer only where the buffer holds it as it is,
+    // and not where an all-reduce averages in place for the next forward to
+    // read (zero_grad() and the user's code write .grad before that).
+    const bool reduced_for_forward = strategy_ == UpdateStrategy::kReplicatedBeforeUse &&
+                                     reduction_ == Collective::kAllReduce;
     flat.grad_views = options_.grad_views && comm_dtype(static_cast<int64_t>(b)) == spec.dtype &&
-                      pre_divide(static_cast<int64_t>(b)) == 1.0;
+                      pre_divide(static_cast<int64_t>(b)) == 1.0 && !reduced_for_forward;
     if (strategy_ == UpdateStrategy::kReplicatedBeforeUse) {
       // Averaged gradients must not land in .grad's views: zero_grad() and the
       // next backward write those while the all-gathers are still in flight.
@@ -284,7 +296,7 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
     backward_ended_ = false;
     packed_params_ = 0;
     state_ = IterationState::kBackward;
-    policy_->begin_iteration(static_cast<int64_t>(buckets_.size()));
+    policy_->begin_iteration(bucket_bytes_);
   }
   TORCH_CHECK(!grad_ready_[param],
       "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
@@ -476,16 +488,22 @@ void Engine::finish_reduction(int64_t b) {
     if (post_divide != 1.0) {
       bucket.grads.div_(post_divide);
     }
-    copy_grads_to_params(b);
+    if (strategy_ == UpdateStrategy::kFullAfterReduction) {
+      copy_grads_to_params(b);
+    }  // else the replicated update reads the averages from the bucket
   }
   bucket.state = BucketState::kReduced;
 }
 
 void Engine::start_gathers() {
-  TORCH_CHECK(state_ == IterationState::kReduced,
+  const bool reductions_pending = policy_->finish_reductions_in_forward() && state_ == IterationState::kBackward;
+  TORCH_CHECK(state_ == IterationState::kReduced || reductions_pending,
       "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
+  if (reductions_pending) {
+    end_backward();  // every reduction issued; the forward waits for them bucket by bucket
+  }
   const std::vector<Op> ops = policy_->at_step(static_cast<int64_t>(buckets_.size()));
-  if (ops.empty()) {
+  if (ops.empty() && !policy_->finish_reductions_in_forward()) {
     mark_all_current();  // the user's optimizer updated full parameters in step()
     return;
   }
@@ -493,7 +511,8 @@ void Engine::start_gathers() {
     bind_params_to_gather_buffers();
   }
   state_ = IterationState::kGathering;
-  next_gather_ = 0;
+  // Nothing to gather (the reductions are what the forward waits for): no gather is missing.
+  next_gather_ = ops.empty() ? static_cast<int64_t>(buckets_.size()) : 0;
   updated_.assign(params_.size(), false);
   // Issued here, at the same point of the program on every rank, a hook only
   // waits (see schedule/dear.cpp). The backends run them in issue order (one
@@ -632,6 +651,11 @@ void Engine::finish_gather(int64_t b) {
     trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
+  apply_averages(b);
+}
+
+void Engine::apply_averages(int64_t b) {
+  Bucket& bucket = buckets_[b];
   const bool replicated = strategy_ == UpdateStrategy::kReplicatedBeforeUse;
   if (replicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
     bucket.gathered.copy_(bucket.gathered_comm);  // to the parameters' dtype
@@ -670,9 +694,7 @@ void Engine::require_bucket(int64_t b) {
   while (next_gather_ <= b) {
     start_gather(next_gather_);
   }
-  if (buckets_[b].state == BucketState::kGathering) {
-    finish_gather(b);
-  }
+  make_current(b);
   for (const Bucket& bucket : buckets_) {
     if (bucket.state != BucketState::kCurrent) {
       return;
@@ -690,19 +712,33 @@ void Engine::flush() {
     start_gather(next_gather_);
   }
   for (int64_t b = 0; b < num_buckets; ++b) {
-    if (buckets_[b].state == BucketState::kGathering) {
-      finish_gather(b);
-    }
+    make_current(b);
   }
   state_ = IterationState::kIdle;
+}
+
+void Engine::make_current(int64_t b) {
+  BucketState state = buckets_[b].state;
+  if (state == BucketState::kReducing) {  // a reduction left running by step() (finish_reductions_in_forward)
+    finish_reduction(b);
+    state = buckets_[b].state;
+  }
+  if (state == BucketState::kGathering) {
+    finish_gather(b);
+  } else if (state == BucketState::kReduced) {
+    apply_averages(b);
+  }
 }
 
 // ---- sharded update ------------------------------------------------------
 
 at::Tensor Engine::grad_shard(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(reduction_ == Collective::kReduceScatter,
-      "dearcomm: gradient shards exist only with a reduce-scattering schedule (schedule='dear')");
+  TORCH_CHECK(strategy_ != UpdateStrategy::kFullAfterReduction,
+      "dearcomm: the averaged gradients are in .grad with update strategy ", to_string(strategy_));
+  if (reduction_ == Collective::kAllReduce) {
+    return buckets_[b].grads;  // all-reduced: the whole bucket, the same on every rank
+  }
   return strategy_ == UpdateStrategy::kShardedAtStep ? buckets_[b].master_grad : buckets_[b].grad_shard;
 }
 

@@ -102,6 +102,9 @@ class Engine {
   // The policy's answer: wait for the reductions when backward returns (the
   // runtime also does so where .grad views are what they read).
   bool finishes_reductions_at_end_of_backward() const { return policy_->finish_reductions_at_end_of_backward(); }
+  // The policy's answer: step() leaves the reductions running and the next
+  // forward waits for them bucket by bucket (require_bucket).
+  bool finishes_reductions_in_forward() const { return policy_->finish_reductions_in_forward(); }
   UpdateStrategy update_strategy() const { return strategy_; }
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
@@ -134,7 +137,9 @@ class Engine {
   // Issues the policy's step ops (dear: every all-gather, in bucket order); the
   // next forward's hooks wait for them bucket by bucket. The first call in
   // sharded mode makes parameters views into the gathered buffers. No ops
-  // (wfbp): nothing to gather, back to kIdle.
+  // (wfbp): nothing to gather, back to kIdle. With finish_reductions_in_forward
+  // (bytescheduler) it may come before finish_reductions(): the reductions are
+  // then what the next forward waits for.
   void start_gathers();
   // Ends a step whose update is skipped (a GradScaler found inf/NaN on every
   // rank): nothing to gather, back to kIdle with the parameters unchanged.
@@ -148,7 +153,11 @@ class Engine {
   void flush();
 
   // ---- sharded update --------------------------------------------------
-  at::Tensor grad_shard(int64_t bucket) const;    // averaged gradient, this rank's shard (fp32 if sharded)
+  // This rank's part of the bucket's averaged gradient, as the update reads
+  // it: its shard after a reduce-scatter (fp32 if sharded), the whole bucket
+  // after an all-reduce (reduction() tells which). Not for .grad updates.
+  at::Tensor grad_shard(int64_t bucket) const;
+  Collective reduction() const { return reduction_; }
   at::Tensor master_shard(int64_t bucket) const;  // fp32 master parameters, this rank's shard
   // Re-reads master shards from the parameters (after a load_state_dict).
   void reload_master_shards();
@@ -184,6 +193,12 @@ class Engine {
   void finish_reduction(int64_t bucket);
   void start_gather(int64_t bucket);
   void finish_gather(int64_t bucket);
+  // The bucket's averages are here (gathered, or all-reduced): to the
+  // parameters' dtype, and the replicated update of every parameter whose
+  // buckets are all current.
+  void apply_averages(int64_t bucket);
+  // Whatever the bucket still waits for (reduction, gather), then apply_averages.
+  void make_current(int64_t bucket);
   void bind_params_to_gather_buffers();
   void mark_all_current();
   void copy_grads_to_params(int64_t bucket);
@@ -222,6 +237,7 @@ class Engine {
   bool params_bound_ = false;
   int64_t prefetch_misses_ = 0;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
+  std::vector<int64_t> bucket_bytes_;  // per bucket, in its communication dtype: what the policy weighs
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

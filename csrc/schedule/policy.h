@@ -44,8 +44,9 @@ class SchedulePolicy {
   // allocated for it): kReduceScatter leaves a shard, kAllReduce the full average.
   virtual Collective reduction() const = 0;
 
-  // A backward begins: reset per-iteration state (queues, credit).
-  virtual void begin_iteration(int64_t num_buckets) { (void)num_buckets; }
+  // A backward begins: reset per-iteration state (queues). `bucket_bytes`:
+  // each bucket's size in its communication dtype (the same on every rank).
+  virtual void begin_iteration(const std::vector<int64_t>& bucket_bytes) { (void)bucket_bytes; }
   // Backward: bucket `bucket` is *eligible*, i.e. it and every bucket after it
   // (canonical backward order: descending index) are complete on this rank.
   // The executor derives eligibility, so every rank sees the same sequence of
@@ -57,6 +58,11 @@ class SchedulePolicy {
   // Whether the reductions are waited for when backward returns (.grad then
   // holds averages, as with DDP) rather than in step().
   virtual bool finish_reductions_at_end_of_backward() const = 0;
+  // Whether step() leaves the reductions running: the next forward then waits
+  // for each bucket's reduction (and updates its parameters) right before the
+  // module that needs it, so communication overlaps the next forward too
+  // (ByteScheduler's cross-iteration overlap). False: step() waits for them.
+  virtual bool finish_reductions_in_forward() const { return false; }
   // optimizer.step(), after the reductions finished (and, sharded, the shard
   // update): ops whose results the next forward consumes. None: every
   // parameter is current once step() returns.
