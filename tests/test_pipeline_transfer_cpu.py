@@ -168,3 +168,20 @@ def test_on_shared_cores_the_data_wait_for_the_receiving_work():
 def test_cores_must_be_positive():
     with pytest.raises(ValueError, match="host_cores must be >= 0"):
         _on_cores(uniform(2), -1)
+
+
+def test_profiles_can_time_with_another_clock():
+    # The shared-cores model wants tasks' CPU time: profile_sequential reads the
+    # clock it is given (here a fake one that ticks 1 s per reading).
+    import itertools
+
+    import torch
+    from torch import nn
+
+    from dearcomm.pipeline import profile_sequential
+    ticks = itertools.count()
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    profile = profile_sequential(model, torch.randn(5, 4), torch.randint(0, 2, (5,)), nn.functional.cross_entropy,
+                                 clock=lambda: float(next(ticks)))
+    assert all(l.forward_ms == 1000.0 and l.backward_ms == 1000.0 for l in profile.layers)
+    assert [l.activation_bytes for l in profile.layers] == [5 * 3 * 4, 5 * 3 * 4, 5 * 2 * 4]
