@@ -7,6 +7,7 @@ time against the simulator's prediction.
     python benchmarks/pipeline_bench.py optimality               # worst planner / brute-force ratio
     sudo python benchmarks/pipeline_bench.py netlab --rates 200mbit,200mbit,50mbit   # measured vs predicted
     sudo python benchmarks/pipeline_bench.py netlab --transfer-cpu 0,8,0.2,6.8 --host-cores 2  # + the CPU model
+    python benchmarks/pipeline_bench.py netlab-summary run1/*.json run2/*.json ...   # medians over runs
 
 Outputs go to --out (default results/): pipeline-plans.txt/.json, one bar
 chart per topology preset and a timeline picture; docs/benchmarks.md quotes them.
@@ -183,14 +184,37 @@ def cmd_netlab(args) -> int:
         print(f"\nrates {args.rates}, {args.microbatches} micro-batches of {args.batch // args.microbatches}:")
         columns = [("profile", "offline"), ("in situ", "insitu")]
         if args.transfer_cpu or args.host_cores:
-            columns += [("profile, new", "offline_cpu"), ("profile, new, left", "offline_left")]
-        print(f"{'plan':<10} {'measured':>9} " + " ".join(f"{'pred(' + c + ')':>18} {'err':>6}" for c, _ in columns)
-              + "  plan")
+            columns += [("new, all cores", "new_all_cores"), ("new", "new"), ("new, in situ", "new_insitu")]
+        print(f"{'plan':<10} {'measured':>9} " + " ".join(f"{c:>16} {'err':>6}" for c, _ in columns) + "  plan")
         for r in rows:
             print(f"{r['name']:<10} {r['measured_ms']:>9.1f} " +
-                  " ".join(f"{r['predicted_' + k + '_ms']:>18.1f} {r['error_' + k]:>+6.1%}" for _, k in columns) +
+                  " ".join(f"{r['predicted_' + k + '_ms']:>16.1f} {r['error_' + k]:>+6.1%}" for _, k in columns) +
                   f"  {r['plan']}")
     return code
+
+
+def cmd_summary(args) -> int:
+    """Medians over repeated netlab runs (one JSON each): per plan, the
+    measured time and, per model, the prediction and the per-run errors."""
+    import statistics
+    runs = {}
+    for path in args.files:
+        with open(path) as f:
+            d = json.load(f)
+        for r in d["rows"]:
+            runs.setdefault((d["rates"], r["name"]), []).append(r)
+    models = [k[len("predicted_"):-len("_ms")] for k in runs[next(iter(runs))][0] if k.startswith("predicted_")]
+    print(f"{'rates':<24} {'plan':<8} {'runs':>4} {'measured':>9}  " +
+          "  ".join(f"{m + ' (median err, range)':>34}" for m in models))
+    for (rates, name), rows in runs.items():
+        cells = []
+        for m in models:
+            errs = sorted(r[f"error_{m}"] for r in rows)
+            pred = statistics.median(r[f"predicted_{m}_ms"] for r in rows)
+            cells.append(f"{pred:7.1f} {statistics.median(errs):+6.1%} [{errs[0]:+6.1%},{errs[-1]:+6.1%}]")
+        print(f"{rates:<24} {name:<8} {len(rows):>4} {statistics.median(r['measured_ms'] for r in rows):>9.1f}  " +
+              "  ".join(f"{c:>34}" for c in cells))
+    return 0
 
 
 def cmd_rank(args) -> int:
@@ -218,12 +242,14 @@ def cmd_rank(args) -> int:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
     micro = x[: args.batch // M]
-    box = [None, None]
-    if rank == 0:  # the offline profile: one process, alone on the machine
+    box = [None, None, None]
+    if rank == 0:  # the offline profile: one process (the others wait), wall time and CPU time
         profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
-        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)]]
+        cpu_profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy,
+                                         name="netlab-mlp-cpu", clock=time.thread_time)
+        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)], cpu_profile]
     dist.broadcast_object_list(box, src=0)
-    profile, plans = box
+    profile, plans, cpu_profile = box
     rows = []
     for plan in plans:
         runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
@@ -276,16 +302,15 @@ def cmd_rank(args) -> int:
             insitu, insitu_cpu = staged_profile("wall"), staged_profile("cpu")
             staged = type(plan)(tuple(range(plan.num_stages + 1)), plan.devices, plan.orders, M, plan.name)
             measured = statistics.median(times)
-            # old: free transfers, a processor per device; new: transfers' CPU
-            # and the host's shared cores (with the tasks' CPU times in situ).
+            # old: free transfers, a processor per device, wall-time task
+            # costs; new: tasks' CPU times, transfers' CPU, the host's cores
+            # shared (all of them, or what the other processes left).
+            leftover = dataclasses.replace(charged, host_cores=left)
             predicted = dict(offline=simulate(plan, profile, topo).makespan_ms,
                              insitu=simulate(staged, insitu, topo).makespan_ms,
-                             offline_cpu=simulate(plan, profile, charged).makespan_ms,
-                             insitu_cpu=simulate(staged, insitu_cpu, charged).makespan_ms,
-                             offline_left=simulate(plan, profile, dataclasses.replace(
-                                 charged, host_cores=left)).makespan_ms,
-                             insitu_cpu_left=simulate(staged, insitu_cpu, dataclasses.replace(
-                                 charged, host_cores=left)).makespan_ms)
+                             new_all_cores=simulate(plan, cpu_profile, charged).makespan_ms,
+                             new=simulate(plan, cpu_profile, leftover).makespan_ms,
+                             new_insitu=simulate(staged, insitu_cpu, leftover).makespan_ms)
             row = dict(name=plan.name, plan=plan.describe(), measured_ms=measured, times_ms=times,
                        insitu_stages=[vars(l) for l in insitu.layers],
                        insitu_cpu_stages=[vars(l) for l in insitu_cpu.layers],
@@ -302,7 +327,8 @@ def cmd_rank(args) -> int:
     if rank == 0:
         with open(args.json, "w") as f:
             json.dump(dict(rates=args.rates, microbatches=M, batch=args.batch, width=args.width, rows=rows,
-                           profile=[vars(l) for l in profile.layers]), f, indent=1)
+                           profile=[vars(l) for l in profile.layers],
+                           cpu_profile=[vars(l) for l in cpu_profile.layers]), f, indent=1)
     dist.destroy_process_group()
     return 0
 
@@ -319,6 +345,9 @@ def main(argv=None) -> int:
     o = sub.add_parser("optimality", help="planner vs brute force on small random cases")
     o.add_argument("--seeds", type=int, default=2)
     o.set_defaults(fn=cmd_optimality)
+    n = sub.add_parser("netlab-summary", help="medians over repeated netlab runs' JSON files")
+    n.add_argument("files", nargs="+")
+    n.set_defaults(fn=cmd_summary)
     for name, fn in (("netlab", cmd_netlab), ("_rank", cmd_rank)):
         n = sub.add_parser(name, help="measured vs predicted under netlab (root)" if name == "netlab" else None)
         n.add_argument("--rates", default="200mbit,200mbit,100mbit", help="tbf rate per rank")
