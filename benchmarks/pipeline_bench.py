@@ -6,6 +6,8 @@ time against the simulator's prediction.
     python benchmarks/pipeline_bench.py plans [--quick]          # tables + plots
     python benchmarks/pipeline_bench.py optimality               # worst planner / brute-force ratio
     sudo python benchmarks/pipeline_bench.py netlab --rates 200mbit,200mbit,50mbit   # measured vs predicted
+    sudo python benchmarks/pipeline_bench.py netlab --transfer-cpu 0,8,0.2,6.8 --host-cores 2  # + the CPU model
+    python benchmarks/pipeline_bench.py netlab-summary run1/*.json run2/*.json ...   # medians over runs
 
 Outputs go to --out (default results/): pipeline-plans.txt/.json, one bar
 chart per topology preset and a timeline picture; docs/benchmarks.md quotes them.
@@ -13,6 +15,7 @@ chart per topology preset and a timeline picture; docs/benchmarks.md quotes them
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -133,6 +136,25 @@ def _rate_bytes(rate: str) -> float:
     raise ValueError(f"unknown rate {rate!r}")
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent in user and kernel code (not in
+    softirq: that is mostly our own packets) since boot."""
+    with open("/proc/stat") as f:
+        user, nice, system = map(int, f.readline().split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+def _transfer_cpu(spec: str, TransferCpu):
+    """'SEND_MS_PER_MESSAGE,SEND_MS_PER_MIB,RECV_MS_PER_MESSAGE,RECV_MS_PER_MIB'
+    (benchmarks/gloo_cpu_cost.py measures them); '' charges nothing."""
+    if not spec:
+        return TransferCpu()
+    values = [float(v) for v in spec.split(",")]
+    if len(values) != 4:
+        raise SystemExit(f"--transfer-cpu wants 4 comma-separated numbers, got {spec!r}")
+    return TransferCpu(*values)
+
+
 def _netlab_model(width: int, blocks: int):
     """Wide blocks (width -> 64 -> width): big activations, modest compute,
     so that transfers matter on these 2 cores."""
@@ -154,16 +176,45 @@ def cmd_netlab(args) -> int:
         code = cluster.launch([sys.executable, os.path.abspath(__file__), "_rank", "--rates", args.rates,
                                "--json", out, "--steps", str(args.steps), "--microbatches", str(args.microbatches),
                                "--batch", str(args.batch), "--width", str(args.width), "--blocks", str(args.blocks),
-                               "--latency-us", str(args.latency_us), "--efficiency", str(args.efficiency)])
+                               "--latency-us", str(args.latency_us), "--efficiency", str(args.efficiency),
+                               "--transfer-cpu", args.transfer_cpu, "--host-cores", str(args.host_cores)])
     if code == 0 and os.path.exists(out):
         with open(out) as f:
             rows = json.load(f)["rows"]
         print(f"\nrates {args.rates}, {args.microbatches} micro-batches of {args.batch // args.microbatches}:")
-        print(f"{'plan':<10} {'measured':>9} {'pred(profile)':>14} {'err':>6} {'pred(in situ)':>14} {'err':>6}  plan")
+        columns = [("profile", "offline"), ("in situ", "insitu")]
+        if args.transfer_cpu or args.host_cores:
+            columns += [("new, all cores", "new_all_cores"), ("new", "new"), ("new, in situ", "new_insitu")]
+        print(f"{'plan':<10} {'measured':>9} " + " ".join(f"{c:>16} {'err':>6}" for c, _ in columns) + "  plan")
         for r in rows:
-            print(f"{r['name']:<10} {r['measured_ms']:>9.1f} {r['predicted_offline_ms']:>14.1f} "
-                  f"{r['error_offline']:>+6.1%} {r['predicted_insitu_ms']:>14.1f} {r['error_insitu']:>+6.1%}  {r['plan']}")
+            print(f"{r['name']:<10} {r['measured_ms']:>9.1f} " +
+                  " ".join(f"{r['predicted_' + k + '_ms']:>16.1f} {r['error_' + k]:>+6.1%}" for _, k in columns) +
+                  f"  {r['plan']}")
     return code
+
+
+def cmd_summary(args) -> int:
+    """Medians over repeated netlab runs (one JSON each): per plan, the
+    measured time and, per model, the prediction and the per-run errors."""
+    import statistics
+    runs = {}
+    for path in args.files:
+        with open(path) as f:
+            d = json.load(f)
+        for r in d["rows"]:
+            runs.setdefault((d["rates"], r["name"]), []).append(r)
+    models = [k[len("predicted_"):-len("_ms")] for k in runs[next(iter(runs))][0] if k.startswith("predicted_")]
+    print(f"{'rates':<24} {'plan':<8} {'runs':>4} {'measured':>9}  " +
+          "  ".join(f"{m + ' (median err, range)':>34}" for m in models))
+    for (rates, name), rows in runs.items():
+        cells = []
+        for m in models:
+            errs = sorted(r[f"error_{m}"] for r in rows)
+            pred = statistics.median(r[f"predicted_{m}_ms"] for r in rows)
+            cells.append(f"{pred:7.1f} {statistics.median(errs):+6.1%} [{errs[0]:+6.1%},{errs[-1]:+6.1%}]")
+        print(f"{rates:<24} {name:<8} {len(rows):>4} {statistics.median(r['measured_ms'] for r in rows):>9.1f}  " +
+              "  ".join(f"{c:>34}" for c in cells))
+    return 0
 
 
 def cmd_rank(args) -> int:
@@ -174,7 +225,7 @@ def cmd_rank(args) -> int:
     import torch.distributed as dist
     from torch import nn
 
-    from dearcomm.pipeline import (LayerProfile, ModelProfile, one_f_one_b_plan, plan_pipeline,
+    from dearcomm.pipeline import (LayerProfile, ModelProfile, TransferCpu, one_f_one_b_plan, plan_pipeline,
                                    profile_sequential, simulate, switched)
     from dearcomm.pipeline.runtime import PipelineRuntime
     dist.init_process_group("gloo")
@@ -182,33 +233,51 @@ def cmd_rank(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     rates = [_rate_bytes(r) * args.efficiency for r in args.rates.split(",")]
     topo = switched(rates, latency_us=args.latency_us, name="netlab")
+    # Plans come from the free-transfer model (the planner's default); the
+    # calibrated model, if given, only predicts.
+    charged = dataclasses.replace(topo, transfer_cpu=_transfer_cpu(args.transfer_cpu, TransferCpu),
+                                  host_cores=args.host_cores)
     model = _netlab_model(args.width, args.blocks)
     M = args.microbatches
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
     micro = x[: args.batch // M]
-    box = [None, None]
-    if rank == 0:  # the offline profile: one process, alone on the machine
+    box = [None, None, None]
+    if rank == 0:  # the offline profile: one process (the others wait), wall time and CPU time
         profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
-        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)]]
+        cpu_profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy,
+                                         name="netlab-mlp-cpu", clock=time.thread_time)
+        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)], cpu_profile]
     dist.broadcast_object_list(box, src=0)
-    profile, plans = box
+    profile, plans, cpu_profile = box
     rows = []
     for plan in plans:
         runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
                                   lambda p: torch.optim.SGD(p, lr=1e-3), micro)
-        times = []
+        times, wall, cpu = [], {"F": [], "B": []}, {"F": [], "B": []}
         for step in range(args.steps + 2):
             dist.barrier()
+            if step == 2:
+                window = (time.perf_counter(), time.process_time(), _machine_busy_s())
             t0 = time.perf_counter()
             runtime.step(x, y)
             dist.barrier()  # the iteration ends when the slowest rank's update ends
             if step >= 2:
                 times.append((time.perf_counter() - t0) * 1e3)
-        # In-situ task times (all ranks computing at once on shared cores).
+                for (kind, _), v in getattr(runtime, "task_ms", {}).items():
+                    wall[kind].append(v)
+                for (kind, _), v in getattr(runtime, "task_cpu_ms", {}).items():
+                    cpu[kind].append(v)
+        # In-situ task times (all ranks computing at once on shared cores):
+        # wall (what the task took, waiting for a core included) and this
+        # thread's CPU time (the work, for the shared-cores model).
         mine = {} if runtime.stage is None else {
-            (runtime.stage, k): statistics.median(v for (kk, _), v in runtime.task_ms.items() if kk == k)
-            for k in ("F", "B")}
+            (runtime.stage, k, clock): statistics.median(v[k]) for k in ("F", "B")
+            for clock, v in (("wall", wall), ("cpu", cpu))}
+        # Over the timed steps: this process's CPU seconds (all threads) and
+        # the machine's, to tell how many cores other processes kept busy.
+        mine["window"] = (time.perf_counter() - window[0], time.process_time() - window[1],
+                          _machine_busy_s() - window[2])
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         if rank == 0:
@@ -216,27 +285,50 @@ def cmd_rank(args) -> int:
             for d in everyone:
                 for key, v in d.items():
                     merged.setdefault(key, []).append(v)
-            stages = []
-            for s in range(plan.num_stages):
-                a, b = plan.stage_layers(s)
-                stages.append(LayerProfile(f"stage{s}", statistics.median(merged[s, "F"]),
-                                           statistics.median(merged[s, "B"]), profile.layers[b - 1].activation_bytes,
-                                           profile.param_bytes(a, b)))
-            insitu = ModelProfile("in-situ", tuple(stages), tuple(profile.boundary_bytes(b) for b in plan.bounds[1:-1]))
+            seconds, machine = everyone[0]["window"][0], everyone[0]["window"][2]
+            ours = sum(w[1] for w in merged.pop("window"))
+            others = max(0.0, machine - ours) / seconds
+            left = max(args.host_cores - others, 0.1 * args.host_cores) if args.host_cores else 0
+
+            def staged_profile(clock: str) -> ModelProfile:
+                stages = []
+                for s in range(plan.num_stages):
+                    a, b = plan.stage_layers(s)
+                    stages.append(LayerProfile(f"stage{s}", statistics.median(merged[s, "F", clock]),
+                                               statistics.median(merged[s, "B", clock]),
+                                               profile.layers[b - 1].activation_bytes, profile.param_bytes(a, b)))
+                return ModelProfile(f"in-situ {clock}", tuple(stages),
+                                    tuple(profile.boundary_bytes(b) for b in plan.bounds[1:-1]))
+            insitu, insitu_cpu = staged_profile("wall"), staged_profile("cpu")
             staged = type(plan)(tuple(range(plan.num_stages + 1)), plan.devices, plan.orders, M, plan.name)
             measured = statistics.median(times)
-            offline = simulate(plan, profile, topo).makespan_ms
-            situ = simulate(staged, insitu, topo).makespan_ms
-            rows.append(dict(name=plan.name, plan=plan.describe(), measured_ms=measured, times_ms=times,
-                             predicted_offline_ms=offline, predicted_insitu_ms=situ,
-                             error_offline=offline / measured - 1, error_insitu=situ / measured - 1))
-            print(f"{plan.name}: measured {measured:.1f} ms (p10 {sorted(times)[len(times) // 10]:.1f}), "
-                  f"predicted {offline:.1f} (offline profile), {situ:.1f} (in-situ task times)", flush=True)
+            # old: free transfers, a processor per device, wall-time task
+            # costs; new: tasks' CPU times, transfers' CPU, the host's cores
+            # shared (all of them, or what the other processes left).
+            leftover = dataclasses.replace(charged, host_cores=left)
+            predicted = dict(offline=simulate(plan, profile, topo).makespan_ms,
+                             insitu=simulate(staged, insitu, topo).makespan_ms,
+                             new_all_cores=simulate(plan, cpu_profile, charged).makespan_ms,
+                             new=simulate(plan, cpu_profile, leftover).makespan_ms,
+                             new_insitu=simulate(staged, insitu_cpu, leftover).makespan_ms)
+            row = dict(name=plan.name, plan=plan.describe(), measured_ms=measured, times_ms=times,
+                       insitu_stages=[vars(l) for l in insitu.layers],
+                       insitu_cpu_stages=[vars(l) for l in insitu_cpu.layers],
+                       transfer_cpu=vars(charged.transfer_cpu), host_cores=charged.host_cores,
+                       others_cores=others, ours_cores=ours / seconds, cores_left=left,
+                       orders={d: [str(t) for t in ts] for d, ts in plan.orders.items()})
+            for k, v in predicted.items():
+                row[f"predicted_{k}_ms"], row[f"error_{k}"] = v, v / measured - 1
+            rows.append(row)
+            print(f"{plan.name}: our ranks used {ours / seconds:.2f} cores, other processes {others:.2f}")
+            print(f"{plan.name}: measured {measured:.1f} ms (p10 {sorted(times)[len(times) // 10]:.1f}), predicted "
+                  + ", ".join(f"{v:.1f} ({k})" for k, v in predicted.items()), flush=True)
         dist.barrier()
     if rank == 0:
         with open(args.json, "w") as f:
             json.dump(dict(rates=args.rates, microbatches=M, batch=args.batch, width=args.width, rows=rows,
-                           profile=[vars(l) for l in profile.layers]), f, indent=1)
+                           profile=[vars(l) for l in profile.layers],
+                           cpu_profile=[vars(l) for l in cpu_profile.layers]), f, indent=1)
     dist.destroy_process_group()
     return 0
 
@@ -253,6 +345,9 @@ def main(argv=None) -> int:
     o = sub.add_parser("optimality", help="planner vs brute force on small random cases")
     o.add_argument("--seeds", type=int, default=2)
     o.set_defaults(fn=cmd_optimality)
+    n = sub.add_parser("netlab-summary", help="medians over repeated netlab runs' JSON files")
+    n.add_argument("files", nargs="+")
+    n.set_defaults(fn=cmd_summary)
     for name, fn in (("netlab", cmd_netlab), ("_rank", cmd_rank)):
         n = sub.add_parser(name, help="measured vs predicted under netlab (root)" if name == "netlab" else None)
         n.add_argument("--rates", default="200mbit,200mbit,100mbit", help="tbf rate per rank")
@@ -265,6 +360,10 @@ def main(argv=None) -> int:
         n.add_argument("--latency-us", type=float, default=500.0, help="per-message latency the model assumes")
         n.add_argument("--efficiency", type=float, default=0.95,
                        help="payload share of the tbf rate (TCP/IP headers: 1448 of 1514 bytes per frame)")
+        n.add_argument("--transfer-cpu", default="", metavar="SEND_MSG,SEND_MIB,RECV_MSG,RECV_MIB",
+                       help="also predict with transfers charging this CPU time (ms) to their endpoints")
+        n.add_argument("--host-cores", type=int, default=0,
+                       help="... and with the ranks sharing this many cores (0: a processor per rank)")
         n.add_argument("--json", default="")
         n.add_argument("--out", default="results")
         n.set_defaults(fn=fn)

@@ -24,7 +24,8 @@ def topologies(n: int) -> List[Topology]:
 
 
 def check_schedule(plan: Plan, result: SimResult, topology: Topology) -> None:
-    """Every task once on its device, no device runs two tasks at once, every
+    """Every task once on its device, no device runs two tasks (or a task and
+    a transfer's CPU work) at once, every
     dependency (with its transfer) respected, transfers that share a resource
     never overlap, and the devices ran the plan's orders."""
     eps = 1e-6
@@ -42,6 +43,12 @@ def check_schedule(plan: Plan, result: SimResult, topology: Topology) -> None:
         for a, b in zip(mine, mine[1:]):
             assert b.start_ms >= a.end_ms - eps, f"device {d} runs {a.task} and {b.task} at once"
         assert tuple(s.task for s in mine) == plan.orders[d], f"device {d} did not follow its order"
+        # A transfer's CPU work shares the device's processor, unless the
+        # devices share host cores, where it runs in threads beside the tasks.
+        busy = sorted((s for s in result.spans if s.device == d and s.lane in ("compute", "cpu")
+                       and (s.lane == "compute" or not topology.host_cores)), key=lambda s: (s.start_ms, s.end_ms))
+        for a, b in zip(busy, busy[1:]):
+            assert b.start_ms >= a.end_ms - eps, f"device {d} runs {a.kind} {a.task} and {b.kind} {b.task} at once"
     transfers = {(s.kind, s.task): s for s in result.spans if s.kind in ("act", "grad")}
     for st in range(S):
         for m in range(M):

@@ -1,7 +1,9 @@
 """Pictures of simulated pipeline iterations, in the style of
 dearcomm.timeline's Gantt charts: one panel per plan, for every device a
 compute row (forward light, backward dark, micro-batch numbers inside) and a
-comm row (activation / gradient sends, the replicas' all-reduce)."""
+comm row (activation / gradient sends, the replicas' all-reduce); a
+transfer's CPU work on its endpoints (Topology.transfer_cpu) shows in the
+compute row, grey."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,13 @@ from typing import Dict
 
 from .simulate import SimResult
 
-_FACE = {"F": "#8FB3DE", "B": "#2F4B7C", "act": "#55A868", "grad": "#8C613C", "allreduce": "#DD8452"}
+_FACE = {"F": "#8FB3DE", "B": "#2F4B7C", "act": "#55A868", "grad": "#8C613C", "allreduce": "#DD8452",
+         "cpu": "#A0A0A0"}
+
+
+def _row(span) -> str:
+    # CPU work of a transfer occupies the device's compute.
+    return "compute" if span.lane == "cpu" else span.lane
 
 
 def draw_timeline(path: str, runs: Dict[str, SimResult], title: str = "") -> None:
@@ -25,12 +33,12 @@ def draw_timeline(path: str, runs: Dict[str, SimResult], title: str = "") -> Non
         devices = sorted({s.device for s in result.spans})
         rows = [(d, lane) for d in devices for lane in ("compute", "comm")]
         for row, (d, lane) in enumerate(rows):
-            mine = [s for s in result.spans if s.device == d and s.lane == lane]
+            mine = [s for s in result.spans if s.device == d and _row(s) == lane]
             ax.broken_barh([(s.start_ms, max(s.end_ms - s.start_ms, 1e-3)) for s in mine], (row - 0.4, 0.8),
                            facecolors=[_FACE[s.kind] for s in mine], edgecolors="white", linewidth=0.3)
             if lane == "compute":
                 for s in mine:
-                    if s.end_ms - s.start_ms > result.makespan_ms / 120:
+                    if s.kind in ("F", "B") and s.end_ms - s.start_ms > result.makespan_ms / 120:
                         ax.text((s.start_ms + s.end_ms) / 2, row, str(s.task.microbatch), ha="center",
                                 va="center", fontsize=6, color="white" if s.kind == "B" else "black")
         ax.set_yticks(range(len(rows)), [f"dev {d} {lane}" for d, lane in rows], fontsize=7)
@@ -59,7 +67,7 @@ def write_chrome_trace(path: str, runs: Dict[str, SimResult]) -> None:
                 trace.append(dict(ph="M", name="thread_name", pid=pid, tid=tid, args=dict(name=lane)))
         for s in result.spans:
             name = f"{s.kind} {s.task}" if s.task is not None else s.kind
-            trace.append(dict(ph="X", name=name, pid=p * 1000 + s.device, tid=0 if s.lane == "compute" else 1,
+            trace.append(dict(ph="X", name=name, pid=p * 1000 + s.device, tid=0 if _row(s) == "compute" else 1,
                               ts=s.start_ms * 1e3, dur=(s.end_ms - s.start_ms) * 1e3))
     with open(path, "w") as f:
         json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, f)

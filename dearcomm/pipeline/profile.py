@@ -142,11 +142,14 @@ def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
 
 
 def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] = None,
-                       repeats: int = 5, warmup: int = 2, name: str = "sequential") -> ModelProfile:
+                       repeats: int = 5, warmup: int = 2, name: str = "sequential",
+                       clock: Callable[[], float] = time.perf_counter) -> ModelProfile:
     """Times every child of an nn.Sequential on CPU for one micro-batch
     `sample`: forward per child, backward per child (the gradient of its output
     fed back by hand), median of `repeats`. The last child's backward includes
-    the loss when `loss_fn(output, target)` is given."""
+    the loss when `loss_fn(output, target)` is given. clock=time.thread_time
+    measures the work itself (CPU time), without the waits for a core that a
+    busy machine adds to wall time; the simulator's shared-cores model wants that."""
     import statistics
 
     import torch
@@ -161,20 +164,20 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
         x = sample
         for i, child in enumerate(children):
             x_in = x.detach().requires_grad_(x.is_floating_point())
-            t0 = time.perf_counter()
+            t0 = clock()
             out = child(x_in)
-            t1 = time.perf_counter()
+            t1 = clock()
             if it >= warmup:
                 fwd[i].append((t1 - t0) * 1e3)
             acts[i] = float(out.numel() * out.element_size())
             if i == len(children) - 1 and loss_fn is not None:
-                t0 = time.perf_counter()
+                t0 = clock()
                 loss_fn(out, target).backward()
             else:
                 grad = torch.ones_like(out)
-                t0 = time.perf_counter()
+                t0 = clock()
                 out.backward(grad)
-            t1 = time.perf_counter()
+            t1 = clock()
             if it >= warmup:
                 bwd[i].append((t1 - t0) * 1e3)
             x = out.detach()

@@ -79,7 +79,8 @@ class PipelineRuntime:
         params = list(self.module.parameters())
         self.optimizer = optimizer_factory(params) if params else None  # e.g. a stage of activations only
         self.order = plan.orders[self.rank]
-        self.task_ms: Dict = {}  # (kind, microbatch) -> compute ms of the last step
+        self.task_ms: Dict = {}  # (kind, microbatch) -> compute ms of the last step (wall)
+        self.task_cpu_ms: Dict = {}  # the same, this thread's CPU time: without waiting for a shared core
 
     def _peer(self, stage: int, microbatch: int) -> int:
         d = self.plan.device_of(stage, microbatch)
@@ -113,12 +114,13 @@ class PipelineRuntime:
                 else:
                     recvs[FORWARD, m].wait()
                     x = acts[m].requires_grad_(acts[m].is_floating_point())
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 out = self.module(x)
                 if s == S - 1:
                     out = self.loss_fn(out, ys[m]) / M
                     loss_sum += float(out.detach())
                 self.task_ms[FORWARD, m] = (time.perf_counter() - t0) * 1e3
+                self.task_cpu_ms[FORWARD, m] = (time.thread_time() - c0) * 1e3
                 if s < S - 1:
                     sends.append(dist.isend(out.detach().contiguous(), self._peer(s + 1, m), group=self.group,
                                             tag=2 * m))
@@ -127,9 +129,10 @@ class PipelineRuntime:
                 x, out = saved.pop(m)
                 if s < S - 1:
                     recvs[BACKWARD, m].wait()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 out.backward(None if s == S - 1 else grads[m])
                 self.task_ms[BACKWARD, m] = (time.perf_counter() - t0) * 1e3
+                self.task_cpu_ms[BACKWARD, m] = (time.thread_time() - c0) * 1e3
                 if s > 0:
                     sends.append(dist.isend(x.grad.contiguous(), self._peer(s - 1, m), group=self.group,
                                             tag=2 * m + 1))

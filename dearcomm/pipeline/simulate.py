@@ -11,14 +11,28 @@ producer ends and holds the resources of its route (links, NIC sides) for
 bytes/bandwidth; transfers that share a resource queue in the order they
 became ready. Its data arrive one latency after it ends. The iteration ends
 when the last task and the last all-reduce end (the synchronous update).
+
+If the topology charges transfers CPU time (Topology.transfer_cpu), a
+transfer that starts also queues its sending cost on the sender and its
+receiving cost on the receiver (an all-reduce: both, per ring step, on every
+member). A device runs its queued CPU work before its next task, never
+interrupting one, so transfers take compute away from their endpoints.
+
+If the devices share a host's cores (Topology.host_cores), tasks and the
+transfers' CPU work (gloo's threads) instead run side by side on those cores
+by processor sharing (cores.py): n busy items on C cores each progress at
+min(1, C/n). A transfer's data are then usable once they have arrived and
+its receiving work is done.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .cores import SharedCores
 from .plan import BACKWARD, FORWARD, Plan, Task
 from .profile import ModelProfile
 from .topology import Topology
@@ -26,9 +40,9 @@ from .topology import Topology
 
 @dataclass(frozen=True)
 class Span:
-    lane: str            # "compute" or "comm"
+    lane: str            # "compute", "comm" or "cpu" (a transfer's CPU work on an endpoint)
     device: int
-    kind: str            # "F", "B", "act", "grad", "allreduce"
+    kind: str            # "F", "B", "act", "grad", "allreduce", "cpu"
     start_ms: float
     end_ms: float
     task: Optional[Task] = None      # compute: the task; transfers: the task they feed
@@ -43,7 +57,8 @@ class SimResult:
     arrivals: Dict[Task, float] = field(default_factory=dict)  # when a task's last input arrived
 
     def busy_ms(self, device: int) -> float:
-        return sum(s.end_ms - s.start_ms for s in self.spans if s.device == device and s.lane == "compute")
+        """Time the device computed: its tasks and the transfers' CPU work."""
+        return sum(s.end_ms - s.start_ms for s in self.spans if s.device == device and s.lane in ("compute", "cpu"))
 
 
 class Costs:
@@ -58,8 +73,8 @@ class Costs:
         self.fwd = [profile.forward_ms(a, b) for a, b in stages]
         self.bwd = [profile.backward_ms(a, b) for a, b in stages]
         self.cut = [profile.boundary_bytes(b) for b in self.bounds[1:-1]]  # cut[s]: between s and s+1
-        self.allreduce = [topology.allreduce_ms(list(g), profile.param_bytes(a, b))
-                          for (a, b), g in zip(stages, self.devices)]
+        self.params = [profile.param_bytes(a, b) for a, b in stages]
+        self.allreduce = [topology.allreduce_ms(list(g), p) for p, g in zip(self.params, self.devices)]
 
     def worst_transfer(self, s: int) -> float:
         """Slowest occupancy + latency of boundary s over the replica pairs it uses."""
@@ -130,6 +145,11 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     position = {d: 0 for d in mine}          # fixed orders: index of the next task
     todo = {d: list(ts) for d, ts in mine.items()}
     idle = {d: True for d in mine}
+    cpu_work: Dict[int, deque] = {d: deque() for d in mine}   # queued (ms, task fed, peer) to run first
+    cpu = topo.transfer_cpu
+    cores = SharedCores(topo.host_cores) if topo.host_cores else None
+    running: Dict = {}    # shared cores: item -> (when it started, what it is)
+    version = 0           # shared cores: only the newest "cores" event is live
     in_flight = {d: 0 for d in mine}
     ran: Dict[int, List[Task]] = {d: [] for d in mine}
     resource_free: Dict = {}
@@ -149,6 +169,12 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
         start = reserve(topo.resources(src, dst), t, occupancy) if occupancy > 0 else t
         if occupancy > 0:
             spans.append(Span("comm", src, kind, start, start + occupancy, target, dst))
+        if cpu and src != dst and nbytes > 0:
+            gated = cores is not None and cpu.recv_ms(nbytes) > 0
+            if gated:  # the receiver's work must end too before the data are usable
+                pending[target] += 1
+            heapq.heappush(heap, (start, next(seq), "charge", (src, cpu.send_ms(nbytes), target, dst, False)))
+            heapq.heappush(heap, (start, next(seq), "charge", (dst, cpu.recv_ms(nbytes), target, src, gated)))
         heapq.heappush(heap, (start + occupancy + latency, next(seq), "arrive", target))
 
     def finish(t: float, task: Task, device: int) -> None:
@@ -169,6 +195,10 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                 start = reserve(topo.allreduce_resources(group), t, costs.allreduce[s])
                 for d in group:
                     spans.append(Span("comm", d, "allreduce", start, start + costs.allreduce[s]))
+                    if cpu:  # every ring step sends and receives one chunk of the gradients
+                        chunk, steps = costs.params[s] / len(group), 2 * (len(group) - 1)
+                        ms = steps * (cpu.send_ms(chunk) + cpu.recv_ms(chunk))
+                        heapq.heappush(heap, (start, next(seq), "charge", (d, ms, None, None, False)))
                 end_time = max(end_time, start + costs.allreduce[s])
 
     def arrive(t: float, task: Task) -> None:
@@ -176,8 +206,16 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
         arrivals[task] = max(arrivals.get(task, 0.0), t)
 
     def dispatch(t: float) -> None:
+        nonlocal end_time
         for d in sorted(mine):
             if not idle[d]:
+                continue
+            if cpu_work[d]:
+                ms, target, peer = cpu_work[d].popleft()
+                idle[d] = False
+                spans.append(Span("cpu", d, "cpu", t, t + ms, target, peer))
+                end_time = max(end_time, t + ms)
+                heapq.heappush(heap, (t + ms, next(seq), "cpu done", d))
                 continue
             if orders is not None:
                 if position[d] >= len(todo[d]) or pending[todo[d][position[d]]] > 0:
@@ -195,19 +233,65 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
             idle[d] = False
             in_flight[d] += 1 if task.kind == FORWARD else -1
             ran[d].append(task)
+            if cores is not None:
+                cores.start(t, (task, d), duration)
+                running[task, d] = (t, None)
+                continue
             spans.append(Span("compute", d, task.kind, t, t + duration, task))
             heapq.heappush(heap, (t + duration, next(seq), "done", (task, d)))
 
+    def charge(t: float, device: int, ms: float, target: Optional[Task], peer: Optional[int], gated: bool) -> None:
+        if cores is None:
+            if ms > 0:
+                cpu_work[device].append((ms, target, peer))
+        elif ms > 0:
+            key = ("cpu", next(seq))
+            cores.start(t, key, ms)
+            running[key] = (t, (device, target, peer, gated))
+
+    def cores_done(t: float) -> None:
+        nonlocal end_time
+        for key in cores.finished(t):
+            start, what = running.pop(key)
+            if what is None:  # a task
+                task, d = key
+                spans.append(Span("compute", d, task.kind, start, t, task))
+                finish(t, task, d)
+            else:
+                device, target, peer, gated = what
+                spans.append(Span("cpu", device, "cpu", start, t, target, peer))
+                end_time = max(end_time, t)
+                if gated:
+                    arrive(t, target)
+
+    def retime(t: float) -> None:
+        # What runs on the shared cores may have changed: only the newest end event counts.
+        nonlocal version
+        if cores is not None:
+            version += 1
+            end = cores.next_end()
+            if end is not None:
+                heapq.heappush(heap, (max(end, t), next(seq), "cores", version))
+
     dispatch(0.0)
+    retime(0.0)
     while heap:
         t = heap[0][0]
         while heap and heap[0][0] == t:
             _, _, what, payload = heapq.heappop(heap)
             if what == "done":
                 finish(t, *payload)
+            elif what == "cpu done":
+                idle[payload] = True
+            elif what == "charge":
+                charge(t, *payload)
+            elif what == "cores":
+                if payload == version:
+                    cores_done(t)
             else:
                 arrive(t, payload)
         dispatch(t)
+        retime(t)
     stuck = {d: (todo[d][position[d]] if orders is not None else todo[d][0])
              for d in mine if (position[d] < len(todo[d]) if orders is not None else todo[d])}
     if stuck:

@@ -12,7 +12,35 @@ from dataclasses import dataclass, field
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 GB = 1e9
+MiB = float(1 << 20)
 Resource = Hashable
+
+
+@dataclass(frozen=True)
+class TransferCpu:
+    """CPU time (ms) a point-to-point transfer costs the devices at its two
+    ends, on top of the link time: where devices are processes sharing a
+    host's cores (gloo over TCP, emulated links), copying, the socket and the
+    kernel's packet work take compute away from the stages. Zero (the
+    default) is the usual accelerator model, where transfers are free for
+    the compute. Calibrate with benchmarks/gloo_cpu_cost.py."""
+    send_ms_per_message: float = 0.0
+    send_ms_per_mib: float = 0.0
+    recv_ms_per_message: float = 0.0
+    recv_ms_per_mib: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(vars(self).values()) < 0:
+            raise ValueError(f"dearcomm: transfer CPU costs must be >= 0, got {self}")
+
+    def send_ms(self, nbytes: float) -> float:
+        return self.send_ms_per_message + self.send_ms_per_mib * nbytes / MiB if nbytes > 0 else 0.0
+
+    def recv_ms(self, nbytes: float) -> float:
+        return self.recv_ms_per_message + self.recv_ms_per_mib * nbytes / MiB if nbytes > 0 else 0.0
+
+    def __bool__(self) -> bool:
+        return any(vars(self).values())
 
 
 @dataclass(frozen=True)
@@ -20,14 +48,23 @@ class Topology:
     """bandwidth[i][j]: bytes/s of the direct link i -> j (0: none);
     latency[i][j]: seconds per message on it; resources[(i, j)]: what a
     transfer i -> j holds while it runs (default: the link itself), so that
-    transfers sharing a NIC queue behind each other."""
+    transfers sharing a NIC queue behind each other; transfer_cpu: the compute
+    time a transfer takes from its sender and receiver (default: none);
+    host_cores: if > 0, the devices are processes on one host with this many
+    cores (fractional: what other load leaves), which their tasks and their
+    transfers' CPU work share (default 0: every device computes on its own
+    processor)."""
     bandwidth: Tuple[Tuple[float, ...], ...]
     latency: Tuple[Tuple[float, ...], ...]
     name: str = "custom"
     link_resources: Dict[Tuple[int, int], Tuple[Resource, ...]] = field(default_factory=dict, compare=False)
+    transfer_cpu: TransferCpu = TransferCpu()
+    host_cores: float = 0
 
     def __post_init__(self) -> None:
         n = len(self.bandwidth)
+        if self.host_cores < 0:
+            raise ValueError(f"dearcomm: topology {self.name!r}: host_cores must be >= 0, got {self.host_cores}")
         if n < 1:
             raise ValueError("dearcomm: a topology needs at least one device, got an empty bandwidth matrix")
         for name, m in (("bandwidth", self.bandwidth), ("latency", self.latency)):
