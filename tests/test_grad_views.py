@@ -14,8 +14,13 @@ import dearcomm
 from tests.models import MixedNet, batches, global_batch, local_slice, step_on_global_batch
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, SMALL_BUCKET_MB, make_optimizer
+from tests.test_training_features import averaged_in_grad
 
 TOL = dict(rtol=1e-5, atol=1e-6)
+# bytescheduler all-reduces in place and the next forward reads the result,
+# after zero_grad() and the user's code have written .grad: .grad cannot live
+# in its buckets there.
+NO_VIEWS = {("bytescheduler", "replicated")}
 STEPS = 4
 
 
@@ -57,6 +62,7 @@ def views_worker(rank, world_size):
     def run(schedule, update, comm_dtype):
         model, optimizer, _, _ = wrapped_pair(schedule, update, comm_dtype=comm_dtype)
         runtime = model._dear
+        no_views = comm_dtype is not None or (schedule, update) in NO_VIEWS
         packed = []
         for x, y in batches(STEPS, n):
             train_step(model, local_slice(x, rank, world_size), local_slice(y, rank, world_size))
@@ -65,8 +71,8 @@ def views_worker(rank, world_size):
             layout = engine.layout
             for i, param in enumerate(runtime.params):
                 view, slot = engine.grad_view(i), layout.params[i]
-                if comm_dtype is not None:
-                    assert view is None, f"{runtime.names[param]}: a view into a {comm_dtype} bucket"
+                if no_views:
+                    assert view is None, f"{runtime.names[param]}: a view into a {comm_dtype} bucket ({schedule})"
                     continue
                 # The slot of the flat buffer itself: the storage every parameter
                 # of the buffer shares, at the parameter's offset in it.
@@ -77,7 +83,7 @@ def views_worker(rank, world_size):
             optimizer.step()
             optimizer.zero_grad()
         count = len(runtime.params)
-        if comm_dtype is None:
+        if not no_views:
             # The first backward packs (.grad was None) and points .grad at the views.
             assert packed == [count] + [0] * (STEPS - 1), f"parameters packed per backward: {packed}"
         else:
@@ -121,10 +127,10 @@ def parity_worker(rank, world_size):
                     (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
             packed.append(model._dear.engine.packed_params)
             if micro == 1:
-                # What .grad holds after backward: dear, this rank's local
-                # gradient; wfbp, the average (as with DDP).
-                loss = F.cross_entropy(reference(xs[0]), ys[0]) if schedule == "dear" else F.cross_entropy(
-                    reference(x), y)
+                # What .grad holds after backward: wfbp, the average (as with
+                # DDP); dear and bytescheduler, this rank's local gradient.
+                loss = F.cross_entropy(reference(x), y) if averaged_in_grad(schedule, update) else F.cross_entropy(
+                    reference(xs[0]), ys[0])
                 for p, expected, q in zip(params, torch.autograd.grad(loss, ref_params), ref_params):
                     torch.testing.assert_close(p.grad, expected, **TOL, msg=lambda m: f"step {step} .grad: {m}")
             optimizer.step()
@@ -139,7 +145,8 @@ def parity_worker(rank, world_size):
             torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()), **TOL,
                                        msg=lambda m: f"step {step}: {m}")
         count = len(params)
-        expected = [count] * STEPS if variant == "replaced_grad" else [count] + [0] * (STEPS - 1)
+        every_step = variant == "replaced_grad" or (schedule, update) in NO_VIEWS
+        expected = [count] * STEPS if every_step else [count] + [0] * (STEPS - 1)
         assert packed == expected, f"parameters packed per backward: {packed}, expected {expected}"
 
     return each_case([(s, u, v) for s, u in SCHEDULES for v in VARIANTS], run)

@@ -40,7 +40,7 @@ from tests.real_models import GROUPS, SPECS, make_optimizer
 STEPS = 3
 GLOBAL_BATCH = 12  # divisible by 2 and 3
 WORLD_SIZES = [2, 3]
-SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")]
+SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated"), ("bytescheduler", "replicated")]
 BUCKET_MBS = [0.0, 25.0]
 # Looser than test_parity's rtol 1e-5 / atol 1e-6: these models are deeper
 # (attention softmax, LayerNorm/BatchNorm, GELU, tied embeddings) and the

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dearcomm
+from dearcomm import _C
 from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, make_optimizer
@@ -24,6 +25,13 @@ GLOBAL_BATCH = 12
 def assert_same_parameters(model, reference, what):
     torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()), **TOL,
                                msg=lambda m: f"{what}: {m}")
+
+
+def averaged_in_grad(schedule, update):
+    """Whether .grad holds the averaged gradient after backward (wfbp, as DDP);
+    otherwise .grad keeps the local gradient and the average lives in the engine."""
+    strategies = {e["name"]: e["updates"] for e in _C.schedules()}
+    return strategies[schedule][update] == "full_after_reduction"
 
 
 def each_schedule(rank, world_size, fn):
@@ -195,14 +203,15 @@ def test_feature_parity(worker, world_size):
 
 # ---- checkpoints -----------------------------------------------------------------------
 
-def checkpoint_worker(rank, world_size, schedule, update, path, phase, steps):
+def checkpoint_worker(rank, world_size, schedule, update, partition_mb, path, phase, steps):
     """phase "first": train `steps` steps and save; "second": a fresh process
     loads and trains `steps` more; "straight": 2*steps without a break."""
     torch.manual_seed(0)
     model = MixedNet()
     optimizer = make_optimizer("adamw", model)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
+                                     partition_mb=partition_mb)
     data = list(batches(2 * steps, GLOBAL_BATCH))
     todo = data[:steps] if phase == "first" else data[steps:] if phase == "second" else data
     if phase == "second":
@@ -234,11 +243,17 @@ def reference_optimizer_state(steps):
     return reference, optimizer
 
 
-@pytest.mark.parametrize("schedule, update", SCHEDULES, ids=[f"{s}-{u}" for s, u in SCHEDULES])
-def test_checkpoint_restart_equals_uninterrupted_training(tmp_path, schedule, update):
+# Each schedule, and the sharded update with every parameter split into
+# one-unit partitions (its optimizer state lives on pieces of many buckets).
+CHECKPOINT_CASES = [(s, u, None) for s, u in SCHEDULES] + [("dear", "sharded", 1 / 2**20)]
+
+
+@pytest.mark.parametrize("schedule, update, partition_mb", CHECKPOINT_CASES,
+                         ids=[f"{s}-{u}" + ("-partitioned" if p else "") for s, u, p in CHECKPOINT_CASES])
+def test_checkpoint_restart_equals_uninterrupted_training(tmp_path, schedule, update, partition_mb):
     path = str(tmp_path / "checkpoint.pt")
     steps = 3
-    first = run_workers(checkpoint_worker, 2, schedule, update, path, "first", steps)
+    first = run_workers(checkpoint_worker, 2, schedule, update, partition_mb, path, "first", steps)
     # The consolidated optimizer state is torch's own: equal to a plain torch
     # optimizer trained on the global batch, and the same on every rank.
     reference, ref_opt = reference_optimizer_state(steps)
@@ -251,8 +266,8 @@ def test_checkpoint_restart_equals_uninterrupted_training(tmp_path, schedule, up
 
     # Restart at another world size (3), then at the same (2): both equal 2k straight steps.
     for world_size in (3, 2):
-        resumed = run_workers(checkpoint_worker, world_size, schedule, update, path, "second", steps)
-        straight = run_workers(checkpoint_worker, world_size, schedule, update, path, "straight", steps)
+        resumed = run_workers(checkpoint_worker, world_size, schedule, update, partition_mb, path, "second", steps)
+        straight = run_workers(checkpoint_worker, world_size, schedule, update, partition_mb, path, "straight", steps)
         for rank in range(world_size):
             torch.testing.assert_close(resumed[rank][0], straight[rank][0], **TOL)
 

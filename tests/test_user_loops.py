@@ -18,7 +18,7 @@ import dearcomm
 from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import make_optimizer
-from tests.test_training_features import TOL, assert_same_parameters, each_schedule
+from tests.test_training_features import TOL, assert_same_parameters, averaged_in_grad, each_schedule
 
 GLOBAL_BATCH = 12
 BUCKETS = (0, 25.0)  # one bucket per tensor, and the default
@@ -57,8 +57,8 @@ def grad_scaler_worker(rank, world_size):
     must apply unscaled gradients (a scale of 2^10 left in would show at once)."""
     def run(schedule, update, bucket_mb):
         for variant in ("plain", "unscale_", "clip"):
-            if variant == "clip" and schedule == "dear":
-                options = dict(max_grad_norm=0.3)  # dear clips inside step(), after unscaling
+            if variant == "clip" and not averaged_in_grad(schedule, update):
+                options = dict(max_grad_norm=0.3)  # dear, bytescheduler: clip inside step(), after unscaling
             else:
                 options = {}
             model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb, **options)
@@ -70,9 +70,9 @@ def grad_scaler_worker(rank, world_size):
                 if overflow and rank == 1:
                     loss = loss * float("inf")
                 scaler.scale(loss).backward()
-                if variant == "unscale_" or (variant == "clip" and schedule == "wfbp"):
+                if variant == "unscale_" or (variant == "clip" and averaged_in_grad(schedule, update)):
                     scaler.unscale_(optimizer)
-                if variant == "clip" and schedule == "wfbp":
+                if variant == "clip" and averaged_in_grad(schedule, update):
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
                 scaler.step(optimizer)
                 scaler.update()
@@ -107,13 +107,13 @@ def torch_clip_worker(rank, world_size):
         for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH)):
             local_loss(model, x, y, rank, world_size).backward()
             F.cross_entropy(reference(x), y).backward()
-            if schedule == "wfbp":
+            if averaged_in_grad(schedule, update):
                 for (name, p), q in zip(model.named_parameters(), reference.parameters()):
                     torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}.grad: {m}")
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
             ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
             assert ref_norm > 0.3, "the test must actually clip"
-            if schedule == "dear":
+            if not averaged_in_grad(schedule, update):
                 with pytest.raises(RuntimeError, match="changed after backward.*optimizer.clip_grad_norm_"):
                     optimizer.step()
                 return

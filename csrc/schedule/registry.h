@@ -4,8 +4,9 @@
 // file plus one entry in registry.cpp.
 #pragma once
 
-#include "engine/bucket_layout.h"
 #include "schedule/policy.h"
+
+#include <cstdint>
 
 #include <functional>
 #include <string>
@@ -29,7 +30,8 @@ struct ScheduleInfo {
   std::vector<UpdateOption> updates;
   std::string default_update;  // one of `updates`
   std::function<std::unique_ptr<SchedulePolicy>(UpdateStrategy, const PolicyConfig&)> make;
-  int64_t default_partition_bytes = kNoPartition;  // wrap(partition_mb=None) means this
+  // wrap(partition_mb=None) means this; INT64_MAX: never split (the planner's kNoPartition)
+  int64_t default_partition_bytes = INT64_MAX;
   int64_t default_credit_bytes = 0;                // 0: the schedule has no credit
 };
 
