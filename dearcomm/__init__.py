@@ -11,8 +11,8 @@ from . import _C
 from ._build_info import build_info
 from ._module import DearModule
 from ._optimizer import DistributedOptimizer
-from ._options import WrapOptions
+from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
 from ._wrap import wrap
 
 __version__ = "0.1.0"
-__all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions"]
+__all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES"]

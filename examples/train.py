@@ -64,7 +64,7 @@ def train(args, schedule: str, log: bool):
         model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     else:
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb,
-                                         schedule=schedule, update=args.update)
+                                         schedule=schedule, update=args.update, partition_mb=args.partition_mb)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
 
     data = make_dataset(args.samples, seed=args.seed)
@@ -111,9 +111,11 @@ def parameters_of(model):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--schedule", choices=["dear", "wfbp", "ddp"], default="dear")
+    parser.add_argument("--schedule", choices=[*dearcomm.SCHEDULES, "ddp"], default="dear")
     parser.add_argument("--update", choices=["sharded", "replicated"], default=None,
-                        help="dearcomm's update (default: sharded for dear, replicated for wfbp)")
+                        help="dearcomm's update (default: sharded for dear, replicated for the others)")
+    parser.add_argument("--partition-mb", type=float, default=None,
+                        help="split tensors larger than this into several buckets (default: the schedule's)")
     parser.add_argument("--compare", action="store_true", help="train with DDP, then with --schedule, and compare")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")

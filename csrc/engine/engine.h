@@ -13,7 +13,13 @@
 //
 // Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all when
 // backward returns, the user's optimizer updates full parameters in step(),
-// nothing in forward. (schedule/*.cpp say what each schedule decides.)
+// nothing in forward.
+//
+// Schedule "bytescheduler": AR(bucket) as a priority queue under a credit
+// releases them during backward (the rest when it ends, input side first);
+// step() waits for nothing; forward: module of bucket b -> wait AR(b), update
+// the parameters all of whose buckets are reduced. (schedule/*.cpp say what
+// each schedule decides.)
 //
 // The policy decides which collective runs on which bucket, and when; the
 // engine owns the buffers, ready counts, backend calls, waits and tracing. It
@@ -43,7 +49,7 @@ enum class IterationState {
   kIdle,       // parameters current, nothing in flight; next: backward
   kBackward,   // gradients arriving, reductions launched in bucket order
   kReduced,    // every reduction finished and averaged; the optimizer may run
-  kGathering,  // all-gathers pending, consumed by the next forward's hooks
+  kGathering,  // all-gathers (bytescheduler: reductions) pending, consumed by the next forward's hooks
 };
 
 // One collective on the timeline (steady_clock ns; -1 where unknown).
