@@ -16,7 +16,6 @@ from typing import Dict, Iterator, List, Tuple, Type
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._options import SHARDED_AT_STEP
 from ._runtime import DearRuntime
 
 _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
@@ -156,8 +155,8 @@ def _before_load(module, *args, **kwargs) -> None:
 
 def _after_load(module, incompatible_keys) -> None:
     runtime = module._dear
-    if runtime.engine is not None and runtime.options.update_strategy == SHARDED_AT_STEP:
-        runtime.engine.reload_master_shards()  # the optimizer updates the master copy
+    if runtime.engine is not None and runtime.update.steps_master_copy:
+        runtime.engine.reload_master_shards()  # the optimizer updates the master copy, not the parameters
 
 
 def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:

@@ -42,7 +42,9 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C, _cuda
-from ._options import FULL_AFTER_REDUCTION, WrapOptions
+from ._options import WrapOptions
+from ._update import strategy_class
+from ._weak import weakly
 
 logger = logging.getLogger("dearcomm")
 
@@ -71,21 +73,6 @@ def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
     return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
-def weakly(method):
-    """A function that calls ``method`` while its object lives, and does
-    nothing after. For callbacks held by parameters or by the engine: holding
-    their object strongly would keep the runtime, its engine and every bucket
-    buffer alive for ever, as the engine's C++ side references the parameters,
-    which hides the cycle from Python's garbage collector."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args):
-        bound = ref()
-        return bound(*args) if bound is not None else None
-
-    return call
-
-
 def _weak_hook(method):
     """A weak hook (see weakly) that torch.compile skips."""
     return torch.compiler.disable(weakly(method))
@@ -94,6 +81,7 @@ def _weak_hook(method):
 class DearRuntime:
     def __init__(self, module: nn.Module, options: WrapOptions) -> None:
         self.options = options
+        self.update = strategy_class(options.update_strategy)  # its class: where the averaged gradients live
         self.group = options.process_group or dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
@@ -200,7 +188,7 @@ class DearRuntime:
             # may write .grad (scaler.unscale_, clipping, logging). step()
             # would wait for them next anyway.
             engine.finish_reductions()
-        if self.options.update_strategy != FULL_AFTER_REDUCTION:
+        if self.update.checks_grad_versions:
             # What step() applies was reduced from .grad as it was here.
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
 

@@ -1,4 +1,4 @@
-"""Optimizer checkpoints of the sharded update.
+"""Optimizer checkpoints of the sharded update (sharded.py).
 
 Each rank's optimizer state lives on *pieces*: the parts of parameters that
 fall into this rank's shard of each bucket. Two forms:
@@ -21,6 +21,8 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
+from .base import hyperparameters
+
 
 @dataclass
 class Piece:
@@ -36,12 +38,13 @@ def _is_per_element(value: Any, numel: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == numel
 
 
-def consolidate(optimizer) -> Dict[str, Any]:
-    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+def consolidate(update) -> Dict[str, Any]:
+    """``update``: the ShardedAtStep strategy."""
+    runtime, inner = update.runtime, update.shard_optimizer
     group = runtime.group
-    _every_rank_arrives(optimizer, "optimizer.state_dict()")
+    _every_rank_arrives(update, "optimizer.state_dict()")
     layout = runtime.engine.layout
-    pieces: List[Piece] = optimizer._pieces
+    pieces: List[Piece] = update.pieces
     local = {piece.master: (inner.state.get(piece.master, {}) if inner is not None else {}) for piece in pieces}
 
     # Which keys exist is decided together: a rank may hold no piece at all.
@@ -80,7 +83,7 @@ def consolidate(optimizer) -> Dict[str, Any]:
 
     index = {param: i for i, param in enumerate(runtime.params)}
     state, groups, next_index = {}, [], 0
-    for g in optimizer.param_groups:
+    for g in update.param_groups:
         ids = []
         for param in g["params"]:
             i = index.get(param)
@@ -89,7 +92,7 @@ def consolidate(optimizer) -> Dict[str, Any]:
                                         for k, v in scalars.items()}, **full_state[i]}
             ids.append(next_index)
             next_index += 1
-        groups.append({**optimizer._hyperparameters(g), "params": ids})
+        groups.append({**hyperparameters(g), "params": ids})
     return {"state": state, "param_groups": groups}
 
 
@@ -97,15 +100,15 @@ def consolidate(optimizer) -> Dict[str, Any]:
 ARRIVAL_SECONDS = 120.0
 
 
-def _every_rank_arrives(optimizer, what: str) -> None:
+def _every_rank_arrives(update, what: str) -> None:
     """The consolidated state is gathered from every rank. DDP scripts often
     call optimizer.state_dict() on rank 0 alone (DDP's is local), which here
     would wait in the gather for the whole collective timeout; a short
     rendezvous through the store turns that into an error that says so."""
-    runtime = optimizer._runtime
+    runtime = update.runtime
     store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
     ranks = ",".join(map(str, dist.get_process_group_ranks(runtime.group)))
-    key = f"dearcomm/arrivals/{ranks}/{optimizer._consolidations + 1}"
+    key = f"dearcomm/arrivals/{ranks}/{update.consolidations + 1}"
     store.add(key, 1)
     limit = min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
     deadline = time.monotonic() + limit
@@ -117,31 +120,31 @@ def _every_rank_arrives(optimizer, what: str) -> None:
                 f"{store.add(key, 0)} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
                 "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank.")
         time.sleep(0.01)
-    optimizer._consolidations += 1
+    update.consolidations += 1
 
 
 def _to_cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def load_consolidated(optimizer, state_dict: Dict[str, Any]) -> None:
+def load_consolidated(update, state_dict: Dict[str, Any]) -> None:
     """Scatters a torch-format state (from state_dict() at any world size, or a
     plain torch optimizer of the same class) onto this rank's pieces."""
-    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+    runtime, inner = update.runtime, update.shard_optimizer
     saved_groups = state_dict["param_groups"]
-    if len(saved_groups) != len(optimizer.param_groups) or any(
-            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)):
+    if len(saved_groups) != len(update.param_groups) or any(
+            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, update.param_groups)):
         raise ValueError("dearcomm: the optimizer state has groups of sizes "
                          f"{[len(s['params']) for s in saved_groups]}, this optimizer "
-                         f"{[len(g['params']) for g in optimizer.param_groups]}")
+                         f"{[len(g['params']) for g in update.param_groups]}")
     saved_index = {}
-    for saved, group in zip(saved_groups, optimizer.param_groups):
+    for saved, group in zip(saved_groups, update.param_groups):
         for saved_id, param in zip(saved["params"], group["params"]):
             saved_index[param] = saved_id
         group.update({k: v for k, v in saved.items() if k != "params"})
     if inner is None:
         return
-    for piece in optimizer._pieces:
+    for piece in update.pieces:
         param = runtime.params[piece.param]
         saved = state_dict["state"].get(saved_index.get(param))
         if not saved:
