@@ -73,6 +73,21 @@ def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
     return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
+def buckets_of(slot) -> range:
+    """The buckets that hold a parameter's elements: several where it spans buckets."""
+    return range(slot.bucket, slot.last_bucket + 1)
+
+
+def params_completed(layout, bucket: int, unreported: List[int]) -> List[int]:
+    """The parameters overlapping ``bucket`` none of whose buckets is in
+    ``unreported``. Reporting buckets one by one, each removed from
+    ``unreported`` before this call, names every parameter exactly once: with
+    the last of its buckets."""
+    spec = layout.buckets[bucket]
+    return [i for i in range(spec.first_param, spec.first_param + spec.num_params)
+            if not any(b in unreported for b in buckets_of(layout.params[i]))]
+
+
 def _weak_hook(method):
     """A weak hook (see weakly) that torch.compile skips."""
     return torch.compiler.disable(weakly(method))
@@ -225,15 +240,17 @@ class DearRuntime:
             self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
 
     def _report_updates(self, buckets: List[int]) -> None:
-        layout = self.engine.layout
+        """Runs the update hooks for ``buckets``, now current. A parameter that
+        spans buckets is reported once, with the last of them; a bucket with
+        no parameter completed reports nothing."""
         for bucket in buckets:
             if bucket not in self._unreported:
                 continue
             self._unreported.remove(bucket)
-            spec = layout.buckets[bucket]
-            params = self.params[spec.first_param:spec.first_param + spec.num_params]
-            for hook in list(self._update_hooks.values()):
-                hook([(self.names[p], p) for p in params])
+            params = [self.params[i] for i in params_completed(self.engine.layout, bucket, self._unreported)]
+            if params:
+                for hook in list(self._update_hooks.values()):
+                    hook([(self.names[p], p) for p in params])
 
     # ---- engine ------------------------------------------------------------
 
@@ -267,7 +284,7 @@ class DearRuntime:
         self._drain = weakref.finalize(self._module, _drain, self.engine)
         self._drain.atexit = False  # at exit the process group may be gone; nothing is read again anyway
         for module, params in readers.items():
-            self._module_buckets[module] = sorted({layout.params[self.index[p]].bucket for p in params})
+            self._module_buckets[module] = sorted({b for p in params for b in buckets_of(layout.params[self.index[p]])})
         for module, handle in list(self._forward_handles.items()):
             if not self._module_buckets.get(module):
                 handle.remove()  # nothing to wait for: no Python call per forward

@@ -6,9 +6,10 @@ fall into this rank's shard of each bucket. Two forms:
 - consolidated (``state_dict()``): torch's own format, full-size state per
   parameter, indexed as the user's optimizer indexes its parameters; loadable
   into a plain torch optimizer, and back at any world size. Per-element state
-  (exp_avg, momentum_buffer, ...) is all-gathered bucket by bucket; scalar
-  state (Adam's step) is the same for every parameter, as every piece steps
-  together, and is taken from whichever rank holds some.
+  (exp_avg, momentum_buffer, ...) is all-gathered bucket by bucket and each
+  parameter is assembled from its pieces in every bucket; scalar state (Adam's
+  step) is the same for every parameter, as every piece steps together, and
+  is taken from whichever rank holds some.
 - sharded (``sharded_state_dict()``): this rank's pieces only, no communication;
   loaded by the same rank at the same world size.
 """
@@ -36,6 +37,20 @@ class Piece:
 
 def _is_per_element(value: Any, numel: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == numel
+
+
+def assemble_params(layout, bucket: int, values: torch.Tensor, into: Dict[int, torch.Tensor]) -> None:
+    """Copies each parameter's elements in ``bucket`` from ``values`` (the whole
+    padded bucket) into ``into[param]``, a flat tensor of the parameter's size
+    made on first sight. Called for every bucket, it rebuilds every parameter
+    whether it lies in one bucket or spans several: elements are found only
+    through ``layout.pieces``, never by assuming one bucket per parameter."""
+    for piece in layout.pieces(bucket, 0, layout.buckets[bucket].padded_numel):
+        flat = into.get(piece.param)
+        if flat is None:
+            flat = into[piece.param] = values.new_empty(layout.params[piece.param].numel)
+        flat[piece.param_offset:piece.param_offset + piece.numel] = (
+            values[piece.bucket_offset:piece.bucket_offset + piece.numel])
 
 
 def consolidate(update) -> Dict[str, Any]:
@@ -67,6 +82,7 @@ def consolidate(update) -> Dict[str, Any]:
     device = runtime.params[0].device
     full_state: Dict[int, Dict[str, Any]] = {}
     for key, dtype in elem_keys:
+        flats: Dict[int, torch.Tensor] = {}
         for b, spec in enumerate(layout.buckets):
             shard = torch.zeros(spec.shard_numel, dtype=dtype, device=device)
             base = runtime.rank * spec.shard_numel
@@ -77,9 +93,9 @@ def consolidate(update) -> Dict[str, Any]:
                     shard[start:start + piece.master.numel()] = value.reshape(-1)
             full = torch.empty(spec.padded_numel, dtype=dtype, device=device)
             dist.all_gather_into_tensor(full, shard, group=group)
-            for i in range(spec.first_param, spec.first_param + spec.num_params):
-                slot, param = layout.params[i], runtime.params[i]
-                full_state.setdefault(i, {})[key] = full[slot.offset:slot.offset + slot.numel].view(param.shape).clone()
+            assemble_params(layout, b, full, flats)
+        for i, flat in flats.items():
+            full_state.setdefault(i, {})[key] = flat.view(runtime.params[i].shape)
 
     index = {param: i for i, param in enumerate(runtime.params)}
     state, groups, next_index = {}, [], 0
