@@ -61,7 +61,8 @@ class DearModule:
 
     def register_update_hook(self, hook):
         """Calls ``hook([(name, parameter), ...])`` for each bucket once its
-        parameters hold the result of the last ``optimizer.step()`` — with
+        parameters hold the result of the last ``optimizer.step()`` (a
+        parameter that spans buckets once, with the last of them) — with
         dear, when the next forward (or ``sync()``) has waited for the bucket's
         all-gather, so the hook overlaps the rest of the all-gathers; with wfbp,
         at the end of step(). Parameters read right after step() are otherwise
