@@ -16,7 +16,6 @@ from typing import Dict, Iterator, List, Tuple, Type
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ._options import SHARDED_AT_STEP
 from ._runtime import DearRuntime
 
 _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
@@ -62,7 +61,8 @@ class DearModule:
 
     def register_update_hook(self, hook):
         """Calls ``hook([(name, parameter), ...])`` for each bucket once its
-        parameters hold the result of the last ``optimizer.step()`` — with
+        parameters hold the result of the last ``optimizer.step()`` (a
+        parameter that spans buckets once, with the last of them) — with
         dear, when the next forward (or ``sync()``) has waited for the bucket's
         all-gather, so the hook overlaps the rest of the all-gathers; with wfbp,
         at the end of step(). Parameters read right after step() are otherwise
@@ -156,8 +156,8 @@ def _before_load(module, *args, **kwargs) -> None:
 
 def _after_load(module, incompatible_keys) -> None:
     runtime = module._dear
-    if runtime.engine is not None and runtime.options.update_strategy == SHARDED_AT_STEP:
-        runtime.engine.reload_master_shards()  # the optimizer updates the master copy
+    if runtime.engine is not None and runtime.update.steps_master_copy:
+        runtime.engine.reload_master_shards()  # the optimizer updates the master copy, not the parameters
 
 
 def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:

@@ -14,11 +14,6 @@ from . import _C
 _REGISTRY = {entry["name"]: entry for entry in _C.schedules()}
 SCHEDULES = tuple(_REGISTRY)
 UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY.values() for u in entry["updates"]))
-
-# Update strategies (when the optimizer runs), as the registry names them.
-SHARDED_AT_STEP = "sharded_at_step"              # step() updates this rank's master shard
-REPLICATED_BEFORE_USE = "replicated_before_use"  # each bucket updated once gathered, before the forward uses it
-FULL_AFTER_REDUCTION = "full_after_reduction"    # averaged .grad; the user's optimizer runs in step()
 INT64_MAX = 2**63 - 1
 
 
@@ -137,7 +132,9 @@ class WrapOptions:
 
     @property
     def update_strategy(self) -> str:
-        """When the optimizer runs: SHARDED_AT_STEP, REPLICATED_BEFORE_USE or FULL_AFTER_REDUCTION."""
+        """When the optimizer runs, as the registry names it ("sharded_at_step",
+        "replicated_before_use", "full_after_reduction"); dearcomm._update
+        holds the object of each."""
         return _REGISTRY[self.schedule]["updates"][self.update]
 
     @property

@@ -42,7 +42,9 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C, _cuda
-from ._options import FULL_AFTER_REDUCTION, WrapOptions
+from ._options import WrapOptions
+from ._update import strategy_class
+from ._weak import weakly
 
 logger = logging.getLogger("dearcomm")
 
@@ -71,19 +73,19 @@ def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
     return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
-def weakly(method):
-    """A function that calls ``method`` while its object lives, and does
-    nothing after. For callbacks held by parameters or by the engine: holding
-    their object strongly would keep the runtime, its engine and every bucket
-    buffer alive for ever, as the engine's C++ side references the parameters,
-    which hides the cycle from Python's garbage collector."""
-    ref = weakref.WeakMethod(method)
+def buckets_of(slot) -> range:
+    """The buckets that hold a parameter's elements: several where it spans buckets."""
+    return range(slot.bucket, slot.last_bucket + 1)
 
-    def call(*args):
-        bound = ref()
-        return bound(*args) if bound is not None else None
 
-    return call
+def params_completed(layout, bucket: int, unreported: List[int]) -> List[int]:
+    """The parameters overlapping ``bucket`` none of whose buckets is in
+    ``unreported``. Reporting buckets one by one, each removed from
+    ``unreported`` before this call, names every parameter exactly once: with
+    the last of its buckets."""
+    spec = layout.buckets[bucket]
+    return [i for i in range(spec.first_param, spec.first_param + spec.num_params)
+            if not any(b in unreported for b in buckets_of(layout.params[i]))]
 
 
 def _weak_hook(method):
@@ -94,6 +96,7 @@ def _weak_hook(method):
 class DearRuntime:
     def __init__(self, module: nn.Module, options: WrapOptions) -> None:
         self.options = options
+        self.update = strategy_class(options.update_strategy)  # its class: where the averaged gradients live
         self.group = options.process_group or dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
@@ -200,7 +203,7 @@ class DearRuntime:
             # may write .grad (scaler.unscale_, clipping, logging). step()
             # would wait for them next anyway.
             engine.finish_reductions()
-        if self.options.update_strategy != FULL_AFTER_REDUCTION:
+        if self.update.checks_grad_versions:
             # What step() applies was reduced from .grad as it was here.
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
 
@@ -237,15 +240,17 @@ class DearRuntime:
             self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
 
     def _report_updates(self, buckets: List[int]) -> None:
-        layout = self.engine.layout
+        """Runs the update hooks for ``buckets``, now current. A parameter that
+        spans buckets is reported once, with the last of them; a bucket with
+        no parameter completed reports nothing."""
         for bucket in buckets:
             if bucket not in self._unreported:
                 continue
             self._unreported.remove(bucket)
-            spec = layout.buckets[bucket]
-            params = self.params[spec.first_param:spec.first_param + spec.num_params]
-            for hook in list(self._update_hooks.values()):
-                hook([(self.names[p], p) for p in params])
+            params = [self.params[i] for i in params_completed(self.engine.layout, bucket, self._unreported)]
+            if params:
+                for hook in list(self._update_hooks.values()):
+                    hook([(self.names[p], p) for p in params])
 
     # ---- engine ------------------------------------------------------------
 
@@ -280,7 +285,7 @@ class DearRuntime:
         self._drain = weakref.finalize(self._module, _drain, self.engine)
         self._drain.atexit = False  # at exit the process group may be gone; nothing is read again anyway
         for module, params in readers.items():
-            self._module_buckets[module] = sorted({b for p in params for b in _buckets_of(layout.params[self.index[p]])})
+            self._module_buckets[module] = sorted({b for p in params for b in buckets_of(layout.params[self.index[p]])})
         for module, handle in list(self._forward_handles.items()):
             if not self._module_buckets.get(module):
                 handle.remove()  # nothing to wait for: no Python call per forward
@@ -396,11 +401,6 @@ class DearRuntime:
         self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
-
-
-def _buckets_of(slot) -> range:
-    """Every bucket holding part of a parameter (several where partitioning split it)."""
-    return range(slot.bucket, slot.last_bucket + 1)
 
 
 def _drain(engine: _C.Engine) -> None:

@@ -73,7 +73,7 @@ def max_difference(model, reference):
 def optimizer_state_dtypes(optimizer, update):
     """Dtypes of the per-element optimizer state (momentum buffers, Adam's
     moments) that this rank's update reads and writes."""
-    inner = optimizer._shard_optimizer if update == "sharded" else optimizer.optimizer
+    inner = optimizer._update.shard_optimizer if update == "sharded" else optimizer.optimizer
     return {v.dtype for state in inner.state.values() for v in state.values()
             if isinstance(v, torch.Tensor) and v.dim() > 0}
 

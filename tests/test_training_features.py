@@ -301,7 +301,7 @@ def sharded_round_trip_worker(rank, world_size, directory):
     # land on the wrong elements without a word.
     relaid = torch.load(path, weights_only=False)
     params, shards = relaid["layout"]
-    relaid["layout"] = ([(bucket, offset + 8, numel) for bucket, offset, numel in params], shards)
+    relaid["layout"] = ([(bucket, offset + 8, numel, last) for bucket, offset, numel, last in params], shards)
     try:
         optimizer.load_state_dict(relaid)
     except ValueError as e:

@@ -368,8 +368,8 @@ def rank0_only_optimizer_state_worker(rank, world_size):
     with an error that says what to do, not wait out the collective timeout."""
     import time
 
-    from dearcomm import _optim_state
-    _optim_state.ARRIVAL_SECONDS = 3.0
+    from dearcomm._update import sharded_state
+    sharded_state.ARRIVAL_SECONDS = 3.0
     model, optimizer, _, _ = wrapped_pair("dear", "sharded", 0)
     for x, y in batches(2, GLOBAL_BATCH):
         step_on_slice(model, optimizer, x, y, rank, world_size)

@@ -1,4 +1,4 @@
-"""Optimizer checkpoints of the sharded update.
+"""Optimizer checkpoints of the sharded update (sharded.py).
 
 Each rank's optimizer state lives on *pieces*: the parts of parameters that
 fall into this rank's shard of each bucket. Two forms:
@@ -6,9 +6,10 @@ fall into this rank's shard of each bucket. Two forms:
 - consolidated (``state_dict()``): torch's own format, full-size state per
   parameter, indexed as the user's optimizer indexes its parameters; loadable
   into a plain torch optimizer, and back at any world size. Per-element state
-  (exp_avg, momentum_buffer, ...) is all-gathered bucket by bucket; scalar
-  state (Adam's step) is the same for every parameter, as every piece steps
-  together, and is taken from whichever rank holds some.
+  (exp_avg, momentum_buffer, ...) is all-gathered bucket by bucket and each
+  parameter is assembled from its pieces in every bucket; scalar state (Adam's
+  step) is the same for every parameter, as every piece steps together, and
+  is taken from whichever rank holds some.
 - sharded (``sharded_state_dict()``): this rank's pieces only, no communication;
   loaded by the same rank at the same world size.
 """
@@ -20,6 +21,8 @@ from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
+
+from .base import hyperparameters
 
 
 @dataclass
@@ -36,12 +39,27 @@ def _is_per_element(value: Any, numel: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == numel
 
 
-def consolidate(optimizer) -> Dict[str, Any]:
-    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+def assemble_params(layout, bucket: int, values: torch.Tensor, into: Dict[int, torch.Tensor]) -> None:
+    """Copies each parameter's elements in ``bucket`` from ``values`` (the whole
+    padded bucket) into ``into[param]``, a flat tensor of the parameter's size
+    made on first sight. Called for every bucket, it rebuilds every parameter
+    whether it lies in one bucket or spans several: elements are found only
+    through ``layout.pieces``, never by assuming one bucket per parameter."""
+    for piece in layout.pieces(bucket, 0, layout.buckets[bucket].padded_numel):
+        flat = into.get(piece.param)
+        if flat is None:
+            flat = into[piece.param] = values.new_empty(layout.params[piece.param].numel)
+        flat[piece.param_offset:piece.param_offset + piece.numel] = (
+            values[piece.bucket_offset:piece.bucket_offset + piece.numel])
+
+
+def consolidate(update) -> Dict[str, Any]:
+    """``update``: the ShardedAtStep strategy."""
+    runtime, inner = update.runtime, update.shard_optimizer
     group = runtime.group
-    _every_rank_arrives(optimizer, "optimizer.state_dict()")
+    _every_rank_arrives(update, "optimizer.state_dict()")
     layout = runtime.engine.layout
-    pieces: List[Piece] = optimizer._pieces
+    pieces: List[Piece] = update.pieces
     local = {piece.master: (inner.state.get(piece.master, {}) if inner is not None else {}) for piece in pieces}
 
     # Which keys exist is decided together: a rank may hold no piece at all.
@@ -64,6 +82,7 @@ def consolidate(optimizer) -> Dict[str, Any]:
     device = runtime.params[0].device
     full_state: Dict[int, Dict[str, Any]] = {}
     for key, dtype in elem_keys:
+        flats: Dict[int, torch.Tensor] = {}
         for b, spec in enumerate(layout.buckets):
             shard = torch.zeros(spec.shard_numel, dtype=dtype, device=device)
             base = runtime.rank * spec.shard_numel
@@ -74,13 +93,13 @@ def consolidate(optimizer) -> Dict[str, Any]:
                     shard[start:start + piece.master.numel()] = value.reshape(-1)
             full = torch.empty(spec.padded_numel, dtype=dtype, device=device)
             dist.all_gather_into_tensor(full, shard, group=group)
-            for i in range(spec.first_param, spec.first_param + spec.num_params):
-                slot, param = layout.params[i], runtime.params[i]
-                full_state.setdefault(i, {})[key] = full[slot.offset:slot.offset + slot.numel].view(param.shape).clone()
+            assemble_params(layout, b, full, flats)
+        for i, flat in flats.items():
+            full_state.setdefault(i, {})[key] = flat.view(runtime.params[i].shape)
 
     index = {param: i for i, param in enumerate(runtime.params)}
     state, groups, next_index = {}, [], 0
-    for g in optimizer.param_groups:
+    for g in update.param_groups:
         ids = []
         for param in g["params"]:
             i = index.get(param)
@@ -89,7 +108,7 @@ def consolidate(optimizer) -> Dict[str, Any]:
                                         for k, v in scalars.items()}, **full_state[i]}
             ids.append(next_index)
             next_index += 1
-        groups.append({**optimizer._hyperparameters(g), "params": ids})
+        groups.append({**hyperparameters(g), "params": ids})
     return {"state": state, "param_groups": groups}
 
 
@@ -97,15 +116,15 @@ def consolidate(optimizer) -> Dict[str, Any]:
 ARRIVAL_SECONDS = 120.0
 
 
-def _every_rank_arrives(optimizer, what: str) -> None:
+def _every_rank_arrives(update, what: str) -> None:
     """The consolidated state is gathered from every rank. DDP scripts often
     call optimizer.state_dict() on rank 0 alone (DDP's is local), which here
     would wait in the gather for the whole collective timeout; a short
     rendezvous through the store turns that into an error that says so."""
-    runtime = optimizer._runtime
+    runtime = update.runtime
     store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
     ranks = ",".join(map(str, dist.get_process_group_ranks(runtime.group)))
-    key = f"dearcomm/arrivals/{ranks}/{optimizer._consolidations + 1}"
+    key = f"dearcomm/arrivals/{ranks}/{update.consolidations + 1}"
     store.add(key, 1)
     limit = min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
     deadline = time.monotonic() + limit
@@ -117,31 +136,31 @@ def _every_rank_arrives(optimizer, what: str) -> None:
                 f"{store.add(key, 0)} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
                 "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank.")
         time.sleep(0.01)
-    optimizer._consolidations += 1
+    update.consolidations += 1
 
 
 def _to_cpu(value):
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def load_consolidated(optimizer, state_dict: Dict[str, Any]) -> None:
+def load_consolidated(update, state_dict: Dict[str, Any]) -> None:
     """Scatters a torch-format state (from state_dict() at any world size, or a
     plain torch optimizer of the same class) onto this rank's pieces."""
-    runtime, inner = optimizer._runtime, optimizer._shard_optimizer
+    runtime, inner = update.runtime, update.shard_optimizer
     saved_groups = state_dict["param_groups"]
-    if len(saved_groups) != len(optimizer.param_groups) or any(
-            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)):
+    if len(saved_groups) != len(update.param_groups) or any(
+            len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, update.param_groups)):
         raise ValueError("dearcomm: the optimizer state has groups of sizes "
                          f"{[len(s['params']) for s in saved_groups]}, this optimizer "
-                         f"{[len(g['params']) for g in optimizer.param_groups]}")
+                         f"{[len(g['params']) for g in update.param_groups]}")
     saved_index = {}
-    for saved, group in zip(saved_groups, optimizer.param_groups):
+    for saved, group in zip(saved_groups, update.param_groups):
         for saved_id, param in zip(saved["params"], group["params"]):
             saved_index[param] = saved_id
         group.update({k: v for k, v in saved.items() if k != "params"})
     if inner is None:
         return
-    for piece in optimizer._pieces:
+    for piece in update.pieces:
         param = runtime.params[piece.param]
         saved = state_dict["state"].get(saved_index.get(param))
         if not saved:
