@@ -2,10 +2,11 @@
 tests/test_exit.py. Launched like torchrun does (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT in the environment); all that matters is its exit code.
 
-    python tests/exit_worker.py --schedule wfbp [--update replicated] [--steps 3] [--sync] [--destroy]
+    python tests/exit_worker.py --schedule wfbp [--update replicated] [--steps 3] [--sync] [--destroy] [--profile]
 """
 import argparse
 import datetime
+import gc
 
 import torch
 import torch.distributed as dist
@@ -16,11 +17,13 @@ import dearcomm
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--schedule", choices=["dear", "wfbp"], default="dear")
+    parser.add_argument("--schedule", choices=list(dearcomm.SCHEDULES), default="dear")
     parser.add_argument("--update", choices=["sharded", "replicated"], default=None)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--sync", action="store_true", help="model.sync() before exiting")
     parser.add_argument("--destroy", action="store_true", help="dist.destroy_process_group() before exiting")
+    parser.add_argument("--profile", action="store_true",
+                        help="wider layers, and torch.profiler sessions that end with all-gathers in flight")
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -28,13 +31,28 @@ def main() -> None:
     torch.manual_seed(0)
     # Many small tensors and one bucket per tensor: many collectives in flight
     # at the end of the last step, the moment the process starts to exit.
-    model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(32, 32), nn.Tanh())])
+    width = 1024 if args.profile else 32
+    model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(width, width), nn.Tanh())])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=args.schedule, update=args.update)
-    for _ in range(args.steps):
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=1.0 if args.profile else 0,
+                                     schedule=args.schedule, update=args.update)
+
+    def step():
         optimizer.zero_grad()
-        model(torch.randn(8, 32)).square().mean().backward()
+        model(torch.randn(8, width)).square().mean().backward()
         optimizer.step()
+
+    for _ in range(args.steps):
+        step()
+    if args.profile:
+        # Each session ends right after a step(): its all-gathers finish after
+        # the profiler stopped (the Works must not hold its records).
+        for _ in range(3):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                for _ in range(3):
+                    step()
+            gc.collect()
+        step()
     if args.sync:
         model.sync()
     if args.destroy:

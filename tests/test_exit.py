@@ -110,6 +110,18 @@ def test_short_jobs_all_exit_zero():
     assert not failures, f"{len({f[0] for f in failures})} of {runs} jobs failed:\n{describe(failures)}"
 
 
+@pytest.mark.parametrize("schedule", ["dear", "bytescheduler"])
+def test_profiled_jobs_exit_zero(schedule):
+    """Guards against c10d Works holding torch.profiler's records: a session
+    that ended while step()'s collectives were in flight left them to end on
+    gloo threads in freed profiler state, and the process crashed (SIGSEGV,
+    or glibc "free(): invalid size") at the next garbage collection or at exit."""
+    failures = [(0, ["--profile", schedule], rank, code, err)
+                for rank, code, err in run_job(["--profile", "--schedule", schedule])
+                if code != 0]
+    assert not failures, describe(failures)
+
+
 def _tls_probe(rank, world_size):
     """For each schedule: how many references to the Python object that autograd
     stashes in thread-local state during backward are still held, after that

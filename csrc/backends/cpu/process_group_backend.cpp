@@ -83,6 +83,7 @@ std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBackend::exchange(
   // because every rank calls exchange() in the same order.
   const int64_t call = next_exchange_++ % kTagCycles;
   const int rank = this->rank();
+  NoProfilerRecordInWorks no_records;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (int peer = 0; peer < world_size(); ++peer) {
     if (peer == rank) {
@@ -144,6 +145,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Ten
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {
   WithoutPythonTLS no_python_objects;  // in the Work and its future's callbacks: see python_tls.h
+  NoProfilerRecordInWorks no_records;
   std::vector<at::Tensor> tensors{buffer};
   return std::make_unique<WorkHandle>(std::vector<c10::intrusive_ptr<c10d::Work>>{group_->allreduce(tensors)},
                                       "all-reduce");

@@ -1,4 +1,4 @@
-// Keeps Python objects out of the c10d Works launched in its scope.
+// Keeps Python objects (and profiler records) out of the c10d Works launched in its scope.
 //
 // Why (issue 8, item 8: SIGABRT, "terminate called without an active
 // exception", at interpreter exit after all work had finished): gloo's
@@ -21,6 +21,7 @@
 #pragma once
 
 #include <ATen/ThreadLocalPythonObjects.h>
+#include <ATen/record_function.h>
 
 namespace dearcomm {
 
@@ -36,6 +37,26 @@ class WithoutPythonTLS {
 
  private:
   at::impl::ThreadLocalPythonObjects saved_;
+};
+
+// Keeps torch.profiler's records out of the c10d Works launched in its scope.
+//
+// A Work launched while a profiler records opens a RecordFunction that its
+// completion ends, on a gloo thread, whenever that is. dear's all-gathers are
+// launched in step() and finished by the next forward: a profiler session
+// that ends between the two (a `with torch.profiler.profile():` around some
+// iterations) had its state freed before those records ended, and the
+// process crashed at the next garbage collection or at exit (glibc "free():
+// invalid size"). The engine's own ranges ("dearcomm::all_gather[bucket 3]",
+// the waits) still show every collective in the profile.
+class NoProfilerRecordInWorks {
+ public:
+  NoProfilerRecordInWorks() = default;
+  NoProfilerRecordInWorks(const NoProfilerRecordInWorks&) = delete;
+  NoProfilerRecordInWorks& operator=(const NoProfilerRecordInWorks&) = delete;
+
+ private:
+  at::DisableRecordFunctionGuard guard_;
 };
 
 }  // namespace dearcomm
