@@ -6,6 +6,7 @@
 # "Schedules side by side (issue 12)".
 #   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
 #   ONLY="mlp-1gbit-4a overhead" bash benchmarks/run_schedules.sh     # some of them
+#   ONLY="mlp-1gbit-2 widein-1gbit-2" ROUNDS=6 ITERS=2 SUFFIX=-rep2 NO_TIMELINE=1 bash ...  # a repeat, more rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/schedules}
@@ -14,7 +15,12 @@ torchrun=${TORCHRUN:-.venv/bin/torchrun}
 mkdir -p "$out"
 run() { local name=$1; shift; echo "### $name: $*"; uptime; "$@" 2>&1 | grep -v "^W1\|socket.cpp\|it/s\]" | tee "$out/$name.txt"; uptime | tee -a "$out/$name.txt"; }
 want() { [[ -z "${ONLY:-}" || " $ONLY " == *" $1 "* ]]; }
-net() { local ranks=$1 name=$2; shift 2; want "$name" || return 0; run "$name" $py benchmarks/netlab.py --ranks "$ranks" --rate 1gbit -- benchmarks/train_bench.py "$@" --iters 3 --rounds 2 --json "$out/$name.json"; }
+net() {
+  local ranks=$1 name=$2 a=(); shift 2; want "$name" || return 0; name=$name${SUFFIX:-}
+  while (($#)); do if [[ $1 == --timeline && -n ${NO_TIMELINE:-} ]]; then shift 2; else a+=("$1"); shift; fi; done
+  run "$name" $py benchmarks/netlab.py --ranks "$ranks" --rate 1gbit -- benchmarks/train_bench.py "${a[@]}" \
+    --iters ${ITERS:-3} --rounds ${ROUNDS:-2} --json "$out/$name.json"
+}
 
 all="--partition-mb 4 --credit-mb 1 4 64"
 # Communication-bound: mlp (C/T_bwd 2-4), widein (16 MiB first layer, 67% of parameters, batch 128).
