@@ -9,6 +9,7 @@ more than 5% slower than DDP (speedup >= 1/1.05).
 import argparse
 import json
 import os
+import re
 
 
 def load(paths):
@@ -27,7 +28,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--wide", action="store_true", help="one markdown row per file: ms (speedup, efficiency) per run")
     args = parser.parse_args()
+    if args.wide:
+        return wide(load(args.paths))
     for d in load(args.paths):
         runs, pieces = d["runs"], d["pieces_ms"]
         ar = runs["ddp"]["comm_ms"]["ar"]
@@ -56,6 +60,35 @@ def main():
             print(head)
             for n, r in runs.items():
                 print(f"  {n:<24}{r['median_ms']:>8.0f} ms {r['speedup_vs_ddp']:>6.2f}x  eff {r['efficiency']:.2f}")
+
+
+def wide(files):
+    """Columns: runs with their partition size written /p (the row says which)."""
+    col = lambda n: re.sub(r"/p[0-9.]+", "/p", n)  # noqa: E731
+    names = []
+    for d in files:
+        names += [col(n) for n in d["runs"] if col(n) not in names]
+    print("| row | /p = | C/T_bwd | load | " + " | ".join(names) + " | target |")
+    print("|---" * (len(names) + 5) + "|")
+    for d in files:
+        runs, pieces = d["runs"], d["pieces_ms"]
+        ratio = runs["ddp"]["comm_ms"]["ar"] / pieces["bwd"]
+        others = {n: r["speedup_vs_ddp"] for n, r in runs.items() if n != "ddp"}
+        if ratio > 1:
+            best = max(others, key=others.get)
+            target = f"comm-bound: best {best} {others[best]:.2f}x: " + ("met" if others[best] >= 1.15 else "**missed**")
+        else:
+            worst = min(others, key=others.get)
+            target = f"compute-bound: slowest {worst} {others[worst]:.2f}x: " + \
+                ("met" if others[worst] >= 1 / 1.05 else "**missed**")
+        cells = []
+        by_col = {col(n): r for n, r in runs.items()}
+        parts = sorted({m for n in runs for m in re.findall(r"/p([0-9.]+)", n)})
+        for n in names:
+            r = by_col.get(n)
+            cells.append("–" if r is None else f"{r['median_ms']:.0f} ({r['speedup_vs_ddp']:.2f}x, {r['efficiency']:.2f})")
+        load = f"{d.get('loadavg_start', [0])[0]:.1f}–{d.get('loadavg_end', [0])[0]:.1f}"
+        print(f"| {d['path'][:-5]} | {','.join(parts)} MiB | {ratio:.2f} | {load} | " + " | ".join(cells) + f" | {target} |")
 
 
 if __name__ == "__main__":
