@@ -63,8 +63,9 @@ def main():
 
 
 def wide(files):
-    """Columns: runs with their partition size written /p (the row says which)."""
-    col = lambda n: re.sub(r"/p[0-9.]+", "/p", n)  # noqa: E731
+    """Columns: runs with their partition size written /p (the row says which);
+    /c64 is the default credit, so bytescheduler/pP/c64 is the bytescheduler/p column."""
+    col = lambda n: re.sub(r"/p[0-9.]+", "/p", n).replace("/c64", "")  # noqa: E731
     names = []
     for d in files:
         names += [col(n) for n in d["runs"] if col(n) not in names]
@@ -86,7 +87,7 @@ def wide(files):
         parts = sorted({m for n in runs for m in re.findall(r"/p([0-9.]+)", n)})
         for n in names:
             r = by_col.get(n)
-            cells.append("–" if r is None else f"{r['median_ms']:.0f} ({r['speedup_vs_ddp']:.2f}x, {r['efficiency']:.2f})")
+            cells.append("–" if r is None else f"{r['median_ms']:.0f} / {r['speedup_vs_ddp']:.2f}x / {r['efficiency']:.2f}")
         load = f"{d.get('loadavg_start', [0])[0]:.1f}–{d.get('loadavg_end', [0])[0]:.1f}"
         print(f"| {d['path'][:-5]} | {','.join(parts)} MiB | {ratio:.2f} | {load} | " + " | ".join(cells) + f" | {target} |")
 
