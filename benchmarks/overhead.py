@@ -19,8 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dearcomm
 
-RUNS = [("ddp", "ddp", None), ("wfbp", "wfbp", "replicated"),
-        ("dear-sharded", "dear", "sharded"), ("dear-replicated", "dear", "replicated")]
+RUNS = [("ddp", "ddp", None, None), ("wfbp", "wfbp", "replicated", None),
+        ("dear-sharded", "dear", "sharded", None), ("dear-replicated", "dear", "replicated", None),
+        ("bytescheduler", "bytescheduler", "replicated", None), ("bytescheduler/p1", "bytescheduler", "replicated", 1.0)]
 
 
 def make_model(width: int, depth: int) -> nn.Module:
@@ -31,12 +32,13 @@ def make_model(width: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-def build(schedule, update, args):
+def build(schedule, update, partition, args):
     model = make_model(args.width, args.depth)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if schedule == "ddp":
         return DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb), optimizer
-    return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update)
+    return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
+                         partition_mb=partition)
 
 
 def timed_iterations(model, optimizer, x, y, iters):
@@ -68,13 +70,15 @@ def main():
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
 
-    runs = {name: build(schedule, update, args) for name, schedule, update in RUNS}
+    runs = {name: build(schedule, update, partition, args) for name, schedule, update, partition in RUNS}
     for model, optimizer in runs.values():
         timed_iterations(model, optimizer, x, y, 3)  # warm-up: buckets, caches, allocator
     times = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (model, optimizer) in runs.items():
             times[name] += timed_iterations(model, optimizer, x, y, args.iters)
+            if hasattr(model, "sync"):  # untimed: what a run leaves in flight must not run into the next run
+                model.sync()
 
     # Every rank's iteration is as slow as the slowest rank's: report the max over ranks.
     med = torch.tensor([statistics.median(t) for t in times.values()], dtype=torch.float64)

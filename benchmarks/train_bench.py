@@ -1,9 +1,16 @@
-"""End to end: the same model, batch, bucket size and seed under torch DDP,
-dearcomm wfbp, and dearcomm dear (sharded and replicated), with the measured
-pieces, the lower bound and each schedule's own ideal.
+"""End to end: the same model, batch, bucket size and seed under torch DDP and
+every dearcomm schedule (wfbp, dear sharded and replicated, bytescheduler),
+each optionally with partitioned tensors and (bytescheduler) a credit, with
+the measured pieces, the lower bound and each schedule's own ideal.
 
     torchrun --nproc_per_node=2 benchmarks/train_bench.py --model mlp            # loopback
     sudo python benchmarks/netlab.py --ranks 2 --rate 1gbit -- benchmarks/train_bench.py --model mlp
+    ... train_bench.py --model mlp --partition-mb 4 --credit-mb 1 4 64 --timeline t   # every variant
+
+Runs are named SCHEDULE[/pP][/cC]: P = partition_mb, C = credit_mb (bytescheduler
+only); no /p = the schedule's default (bytescheduler 32 MiB, others never split),
+no /c = the default credit (64 MiB). --partition-mb P adds a /pP variant of every
+dearcomm schedule; --credit-mb C... replaces bytescheduler/pP by one row per credit.
 
 Pieces, measured in the same run: T_fwd, T_bwd, T_step (one rank's model, no
 communication; T_step(shard) runs the optimizer over 1/p of the parameters) and
@@ -11,7 +18,13 @@ the collectives of all buckets launched back to back, alone: T_RS, T_AG, T_AR.
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
   ideal of ddp / wfbp          T_fwd + max(T_bwd, T_AR) + T_step
   ideal of dear                max(T_fwd, T_AG) + max(T_bwd, T_RS) + T_step(shard or full)
-efficiency = ideal / measured (1.0: the schedule hides all it can).
+  ideal of bytescheduler       max(T_fwd + T_bwd + T_step + T_AR(b0), T_AR)
+T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning changes
+it); T_AR(b0) is the all-reduce of the input-side bucket alone (benchmarks/README.md
+derives the bytescheduler ideal). efficiency = ideal / measured (1.0: the schedule
+hides all it can); speedup = DDP's median / the run's (> 1: faster than DDP).
+CPU: this process's CPU time (all threads, gloo's included) per iteration, and the
+machine's softirq time (kernel packet work, charged to no process) per iteration.
 Each rank gets cores/ranks torch threads. Times are medians; the slowest rank counts.
 """
 import argparse
@@ -35,8 +48,54 @@ import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
 
-RUNS = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
-        "dear-sharded": ("dear", "sharded"), "dear-replicated": ("dear", "replicated")}
+SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
+             "dear-sharded": ("dear", "sharded"), "dear-replicated": ("dear", "replicated"),
+             "bytescheduler": ("bytescheduler", "replicated")}
+
+
+def parse_run(spec):
+    """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb)."""
+    base, *mods = spec.split("/")
+    if base not in SCHEDULES:
+        raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
+    schedule, update = SCHEDULES[base]
+    partition = credit = None
+    for m in mods:
+        if m[:1] == "p":
+            partition = float(m[1:])
+        elif m[:1] == "c" and schedule == "bytescheduler":
+            credit = float(m[1:])
+        else:
+            raise SystemExit(f"unknown modifier {m!r} in {spec!r}")
+    if schedule == "ddp" and mods:
+        raise SystemExit("ddp takes no partition or credit")
+    return schedule, update, partition, credit
+
+
+def run_names(args):
+    if args.runs:
+        return args.runs
+    names = []
+    for base in args.schedules:
+        names.append(base)
+        if base == "ddp":
+            continue
+        for p in args.partition_mb:
+            if base == "bytescheduler" and args.credit_mb:
+                names += [f"{base}/p{p:g}/c{c:g}" for c in args.credit_mb]
+            else:
+                names.append(f"{base}/p{p:g}")
+        if base == "bytescheduler" and args.credit_mb and not args.partition_mb:
+            names += [f"{base}/c{c:g}" for c in args.credit_mb]
+    return names
+
+
+def machine_ms():
+    """(busy, softirq) ms of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    tick = 1e3 / os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) * tick, (irq + softirq) * tick
 
 
 def slowest(seconds: float) -> float:
@@ -45,12 +104,17 @@ def slowest(seconds: float) -> float:
     return t.item()
 
 
-def median_time(fn, iters):
-    times = []
+def median_time(fn, iters, cpu=None):
+    """Median wall seconds of fn(); with cpu (a list), appends the median
+    process CPU seconds per call to it."""
+    times, cpus = [], []
     for _ in range(iters):
-        start = time.perf_counter()
+        c0, start = time.process_time(), time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - c0)
+    if cpu is not None:
+        cpu.append(statistics.median(cpus))
     return statistics.median(times)
 
 
@@ -79,6 +143,11 @@ def measure_pieces(args, x, y):
         forward()
         holder["loss"].backward()
 
+    def whole():
+        optimizer.zero_grad()
+        backward()
+        optimizer.step()
+
     for _ in range(2):
         backward()
         optimizer.step()
@@ -87,16 +156,22 @@ def measure_pieces(args, x, y):
     t_fwd_bwd = median_time(backward, args.iters)
     t_step = median_time(optimizer.step, args.iters)
     t_step_shard = median_time(shard_opt.step, args.iters)
+    cpu = []
+    median_time(whole, args.iters, cpu)
     return dict(fwd=slowest(t_fwd), bwd=slowest(max(t_fwd_bwd - t_fwd, 0.0)), step=slowest(t_step),
-                step_shard=slowest(t_step_shard))
+                step_shard=slowest(t_step_shard), cpu_iter=slowest(cpu[0]))
 
 
-def measure_collectives(args, model):
-    """All buckets' RS, AG and AR, each kind launched back to back and waited, alone."""
-    world = dist.get_world_size()
+def plan_layout(args, model):
+    """The layout of an unpartitioned dearcomm run (parameters in registration order)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    layout = _C.plan_buckets([p.numel() for p in params], [p.dtype for p in params],
-                             int(args.bucket_mb * 2**20), world)
+    return _C.plan_buckets([p.numel() for p in params], [p.dtype for p in params],
+                           int(args.bucket_mb * 2**20), dist.get_world_size())
+
+
+def measure_collectives(args, layout):
+    """All buckets' RS, AG and AR, each kind launched back to back and waited, alone;
+    the all-reduce of bucket 0 (input side) alone; process CPU during each."""
     backend = _C.process_group_backend(dist.group.WORLD)
     full = [torch.zeros(b.padded_numel) for b in layout.buckets]
     shards = [torch.zeros(b.shard_numel) for b in layout.buckets]
@@ -106,26 +181,45 @@ def measure_collectives(args, model):
             pending = [_C.reduce_scatter(backend, f, s) for f, s in zip(reversed(full), reversed(shards))]
         elif kind == "ag":
             pending = [_C.all_gather(backend, s, f) for f, s in zip(full, shards)]
+        elif kind == "ar0":
+            pending = [_C.all_reduce(backend, full[0])]
         else:
             pending = [_C.all_reduce(backend, f) for f in reversed(full)]
         for h in pending:
             h.wait()
 
     out = {}
-    for kind in ("rs", "ag", "ar"):
+    for kind in ("rs", "ag", "ar", "ar0"):
         run(kind)
         dist.barrier()
-        out[kind] = slowest(median_time(lambda: run(kind), max(2, args.iters // 2)))
-    return out, len(layout.buckets), sum(b.numel for b in layout.buckets) * 4
+        cpu = []
+        out[kind] = slowest(median_time(lambda: run(kind), max(2, args.iters // 2), cpu))
+        out[f"cpu_{kind}"] = slowest(cpu[0])
+    out["buckets"] = len(layout.buckets)
+    out["bytes"] = sum(b.numel for b in layout.buckets) * 4
+    out["b0_bytes"] = layout.buckets[0].numel * 4
+    return out
+
+
+def layout_key(layout):
+    return tuple(b.padded_numel for b in layout.buckets)
 
 
 def build(name, args):
-    schedule, update = RUNS[name]
+    schedule, update, partition, credit = parse_run(name)
     model = make(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if schedule == "ddp":
         return DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb), optimizer
-    return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update)
+    return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
+                         partition_mb=partition, credit_mb=credit)
+
+
+def settle(model):
+    """Finishes what a run left in flight (dear's all-gathers, bytescheduler's
+    all-reduces), untimed, so that it does not run into the next run's time."""
+    if hasattr(model, "sync"):
+        model.sync()
 
 
 def iteration(model, optimizer, x, y, timeline=None):
@@ -140,10 +234,11 @@ def iteration(model, optimizer, x, y, timeline=None):
 
 
 def record_timeline(args, runs, x, y, label):
-    """Three iterations of ddp and dear-sharded, traced, on every rank."""
+    """Three iterations of every run, traced, on every rank."""
     per_run = {}
-    for name in ("ddp", "dear-sharded"):
+    for name in runs:
         model, optimizer = runs[name]
+        settle(model)
         timeline = Timeline().attach(model)
         if name == "ddp":
             model.register_comm_hook(None, timeline.ddp_comm_hook)
@@ -159,6 +254,9 @@ def record_timeline(args, runs, x, y, label):
         write_chrome_trace(f"{args.timeline}.json", per_run)
         plot_gantt(f"{args.timeline}.png", {f"{n} (rank 0)": ranks[0] for n, ranks in per_run.items()},
                    title=f"{label}: three iterations")
+        for n, ranks in per_run.items():  # one PNG per run as well, easier to read
+            plot_gantt(f"{args.timeline}-{n.replace('/', '_')}.png", {f"{n} (rank 0)": ranks[0]},
+                       title=f"{n}: {label}")
         print(f"timeline: {args.timeline}.json (Perfetto), {args.timeline}.png")
 
 
@@ -168,12 +266,20 @@ def main():
     parser.add_argument("--model-args", nargs="*", default=[], help="constructor overrides, e.g. width=1024 depth=6")
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES))
+    parser.add_argument("--partition-mb", type=float, nargs="*", default=[],
+                        help="add a /pP variant of every dearcomm schedule for each P")
+    parser.add_argument("--credit-mb", type=float, nargs="*", default=[],
+                        help="bytescheduler: one row per credit (with each partition)")
+    parser.add_argument("--runs", nargs="+", help="explicit run names (SCHEDULE[/pP][/cC]); overrides the three above")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per run per round")
-    parser.add_argument("--timeline", help="write PREFIX.json and PREFIX.png of ddp vs dear-sharded")
+    parser.add_argument("--timeline", help="write PREFIX.json and PREFIX.png (every run), PREFIX-RUN.png")
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args()
+    names = run_names(args)
+    for name in names:
+        parse_run(name)
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -185,61 +291,99 @@ def main():
     probe = make(args)
     x, y = probe.batch(args.batch, g)
     n_params = sum(p.numel() for p in probe.parameters())
+    load0 = os.getloadavg()
 
     pieces = measure_pieces(args, x, y)
-    comm, n_buckets, nbytes = measure_collectives(args, probe)
-    label = (f"{args.model} ({n_params / 1e6:.1f} M params, {n_buckets} buckets of <= {args.bucket_mb} MB), "
-             f"world {world}, {network}, batch {args.batch}/rank, {threads} thread(s)/rank")
-
-    runs = {name: build(name, args) for name in args.runs}
+    runs = {name: build(name, args) for name in names}
     for model, optimizer in runs.values():
         for _ in range(2):
             iteration(model, optimizer, x, y)
+        settle(model)
+    # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
+    layouts, comm_of = {}, {}
+    for name, (model, _) in runs.items():
+        runtime = getattr(model, "_dear", None)
+        layout = runtime.engine.layout if runtime is not None else plan_layout(args, probe)
+        layouts.setdefault(layout_key(layout), layout)
+        comm_of[name] = layout_key(layout)
+    comm = {key: measure_collectives(args, layout) for key, layout in layouts.items()}
+    base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
+        comm[comm_of[names[0]]]
+    label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
+             f"world {world}, {network}, batch {args.batch}/rank, {threads} thread(s)/rank")
+
     times = {name: [] for name in runs}
+    cpus = {name: [] for name in runs}
+    sirq = {name: [] for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
         for _ in range(args.rounds):
             for name, (model, optimizer) in runs.items():
+                settle(model)
+                dist.barrier()
+                iteration(model, optimizer, x, y)  # untimed: the steady state has the last step's comm in flight
                 for _ in range(args.iters):
-                    start = time.perf_counter()
+                    m0, c0, start = machine_ms(), time.process_time(), time.perf_counter()
                     iteration(model, optimizer, x, y)
                     times[name].append(time.perf_counter() - start)
+                    cpus[name].append(time.process_time() - c0)
+                    sirq[name].append(machine_ms()[1] - m0[1])
                     bar.update()
+                settle(model)
+    load1 = os.getloadavg()
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
-    bound = max(compute, comm["ar"])
-    ideal = {
-        "ddp": pieces["fwd"] + max(pieces["bwd"], comm["ar"]) + pieces["step"],
-        "wfbp": pieces["fwd"] + max(pieces["bwd"], comm["ar"]) + pieces["step"],
-        "dear-sharded": max(pieces["fwd"], comm["ag"]) + max(pieces["bwd"], comm["rs"]) + pieces["step_shard"],
-        "dear-replicated": max(pieces["fwd"], comm["ag"]) + max(pieces["bwd"], comm["rs"]) + pieces["step"],
-    }
     rows = {}
     for name, t in times.items():
+        schedule, update, partition, credit = parse_run(name)
+        c = comm[comm_of[name]]
+        if schedule in ("ddp", "wfbp"):
+            ideal = pieces["fwd"] + max(pieces["bwd"], c["ar"]) + pieces["step"]
+        elif schedule == "dear":
+            step = pieces["step_shard"] if update == "sharded" else pieces["step"]
+            ideal = max(pieces["fwd"], c["ag"]) + max(pieces["bwd"], c["rs"]) + step
+        else:  # bytescheduler: comm hides behind backward and the next forward, except bucket 0's
+            ideal = max(compute + c["ar0"], c["ar"])
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
-        rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal[name],
-                          efficiency=ideal[name] / med)
+        rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
+                          efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
+                          softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
+                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar0")})
     ddp = rows.get("ddp", {}).get("median_ms")
+    for r in rows.values():
+        r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
     if rank == 0:
         ms = lambda s: f"{1e3 * s:.1f}"  # noqa: E731
         print(f"\n# {label}")
+        print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
-              f"T_step(shard) {ms(pieces['step_shard'])}  |  T_RS {ms(comm['rs'])}  T_AG {ms(comm['ag'])}  "
-              f"T_AR {ms(comm['ar'])} ({nbytes / 2**20:.1f} MiB)")
-        print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {comm['ar'] / max(pieces['bwd'], 1e-9):.2f};"
-              f"  ideal dear gain over ddp = {ideal['ddp'] / ideal['dear-sharded']:.3f}x")
-        print(f"{'run':<17}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'vs ddp':>8}{'vs bound':>9}")
+              f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
+        print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
+        for key, c in comm.items():
+            users = [n for n in names if comm_of[n] == key]
+            print(f"  {c['buckets']:>3} buckets, b0 {c['b0_bytes'] / 2**20:5.1f} MiB: T_RS {ms(c['rs'])} (cpu {ms(c['cpu_rs'])})"
+                  f"  T_AG {ms(c['ag'])} (cpu {ms(c['cpu_ag'])})  T_AR {ms(c['ar'])} (cpu {ms(c['cpu_ar'])})"
+                  f"  T_AR(b0) {ms(c['ar0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
+        bound = max(compute, base["ar"])
+        print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
+        print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
+              f"{'cpu ms':>8}{'sirq ms':>8}")
         for name, r in rows.items():
-            vs = f"{r['median_ms'] / ddp:.3f}" if ddp else "-"
-            print(f"{name:<17}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
-                  f"{r['efficiency']:>8.2f}{vs:>8}{r['median_ms'] / (1e3 * bound):>9.2f}", flush=True)
-    if args.timeline and "ddp" in runs and "dear-sharded" in runs:
+            vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
+            print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
+                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}", flush=True)
+    if args.timeline:
         record_timeline(args, runs, x, y, label)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
-                               args=vars(args), pieces_ms={k: 1e3 * v for k, v in pieces.items()},
-                               comm_ms={k: 1e3 * v for k, v in comm.items()}, comm_bytes=nbytes,
-                               lower_bound_ms=1e3 * bound, runs=rows))
+                               args=vars(args), loadavg_start=load0, loadavg_end=load1,
+                               pieces_ms={k: 1e3 * v for k, v in pieces.items()},
+                               comm_ms={",".join(n for n in names if comm_of[n] == key):
+                                        {k: (1e3 * v if k in ("rs", "ag", "ar", "ar0") or k.startswith("cpu") else v)
+                                         for k, v in c.items()} for key, c in comm.items()},
+                               lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))
+    for model, _ in runs.values():
+        settle(model)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 12: every schedule side by side (ddp, wfbp, dear-sharded, dear-replicated,
+# bytescheduler; each dearcomm one with and without partitioning; bytescheduler
+# at several credits on the MLPs) at an emulated 1 Gbit/s, 2 and 4 ranks, plus
+# the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
+# "Schedules side by side (issue 12)".
+#   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
+#   ONLY="mlp-1gbit-4a overhead" bash benchmarks/run_schedules.sh     # some of them
+#   ONLY="mlp-1gbit-2 widein-1gbit-2" ROUNDS=6 ITERS=2 SUFFIX=-rep2 NO_TIMELINE=1 bash ...  # a repeat, more rounds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/schedules}
+py=${PY:-.venv/bin/python}
+torchrun=${TORCHRUN:-.venv/bin/torchrun}
+mkdir -p "$out"
+run() { local name=$1; shift; echo "### $name: $*"; uptime; "$@" 2>&1 | grep -v "^W1\|socket.cpp\|it/s\]" | tee "$out/$name.txt"; uptime | tee -a "$out/$name.txt"; }
+want() { [[ -z "${ONLY:-}" || " $ONLY " == *" $1 "* ]]; }
+net() {
+  local ranks=$1 name=$2 a=(); shift 2; want "$name" || return 0; name=$name${SUFFIX:-}
+  while (($#)); do if [[ $1 == --timeline && -n ${NO_TIMELINE:-} ]]; then shift 2; else a+=("$1"); shift; fi; done
+  run "$name" $py benchmarks/netlab.py --ranks "$ranks" --rate 1gbit -- benchmarks/train_bench.py "${a[@]}" \
+    --iters ${ITERS:-3} --rounds ${ROUNDS:-2} --json "$out/$name.json"
+}
+
+all="--partition-mb 4 --credit-mb 1 4 64"
+# Communication-bound: mlp (C/T_bwd 2-4), widein (16 MiB first layer, 67% of parameters, batch 128).
+net 2 mlp-1gbit-2 --model mlp --batch 256 $all --timeline "$out/timeline-mlp-1gbit-2"
+net 2 widein-1gbit-2 --model widein --batch 128 $all --timeline "$out/timeline-widein-1gbit-2"
+# 4 ranks x 11 models of 64 MiB (with AdamW state) do not fit in 24 GiB: two runs, ddp in each.
+net 4 mlp-1gbit-4a --model mlp --batch 128 --runs ddp wfbp wfbp/p4 dear-sharded dear-sharded/p4 dear-replicated dear-replicated/p4
+net 4 mlp-1gbit-4b --model mlp --batch 128 --runs ddp bytescheduler bytescheduler/p4/c1 bytescheduler/p4/c4 bytescheduler/p4/c64
+net 4 widein-1gbit-4 --model widein --batch 128 $all
+# gpt: C/T_bwd ~1 at 2 ranks; its largest tensor (the tied 8 MiB embedding) splits at 4 MiB.
+net 2 gpt-1gbit-2 --model gpt --batch 8 --partition-mb 4 --timeline "$out/timeline-gpt-1gbit-2"
+net 4 gpt-1gbit-4 --model gpt --batch 8 --partition-mb 4
+# Compute-bound: resnet (0.7 M parameters; its largest tensor is 0.56 MiB, so partition at 0.25), widein at batch 1024.
+net 2 resnet-1gbit-2 --model resnet --batch 32 --partition-mb 0.25 --timeline "$out/timeline-resnet-1gbit-2"
+net 4 resnet-1gbit-4 --model resnet --batch 32 --partition-mb 0.25
+net 2 widein-b1024-1gbit-2 --model widein --batch 1024 --partition-mb 4
+# Engine overhead on loopback, compute-bound (target <= 1.05x DDP), bytescheduler included.
+want overhead && run overhead $torchrun --nproc_per_node=2 benchmarks/overhead.py --json "$out/overhead.json"
