@@ -53,11 +53,15 @@ def wrap(
         then issues the all-gathers of every bucket's parameters, in order.
         update="replicated": issues the all-gathers of averaged gradients.
       * next forward: a module's pre-hook waits for its bucket's all-gather
-        (replicated: then updates that bucket with your optimizer); the later
+        (replicated: then updates, with your optimizer, every parameter whose buckets are all gathered); the later
         buckets' all-gathers run meanwhile, overlapping this module's work.
     schedule="wfbp" all-reduces each bucket during backward and finishes when
     backward ends, so ``.grad`` holds the average (as with DDP); step() runs
     your optimizer. It has the replicated update only.
+    schedule="bytescheduler" all-reduces partitions under a priority queue
+    (input side first) and a credit; step() does not wait: the next forward
+    waits for each module's own all-reduces and updates its parameters with
+    your optimizer (update="replicated" only).
 
     Anything that reads parameters outside a training forward waits for the
     pending all-gathers first: ``module.sync()``, ``state_dict()``,
