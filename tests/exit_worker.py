@@ -48,9 +48,11 @@ def main() -> None:
         # Each session ends right after a step(): its all-gathers finish after
         # the profiler stopped (the Works must not hold its records).
         for _ in range(3):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-                for _ in range(3):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(4):
                     step()
+            model.sync()  # the Works end after the session: their records are the profiler's no more
+            del prof
             gc.collect()
         step()
     if args.sync:
