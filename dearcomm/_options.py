@@ -95,15 +95,8 @@ class WrapOptions:
             raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
         if not self.bucket_mb >= 0:  # also rejects NaN
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
-        if self.partition_mb is not None and (
-            not isinstance(self.partition_mb, (int, float)) or isinstance(self.partition_mb, bool)
-            or not self.partition_mb > 0
-        ):
-            raise ValueError(f"dearcomm: partition_mb must be a positive number of MiB or None, got {self.partition_mb!r}")
-        if self.credit_mb is not None and (
-            not isinstance(self.credit_mb, (int, float)) or isinstance(self.credit_mb, bool) or not self.credit_mb > 0
-        ):
-            raise ValueError(f"dearcomm: credit_mb must be a positive number of MiB or None, got {self.credit_mb!r}")
+        _check_positive_mib_or_none("partition_mb", self.partition_mb)
+        _check_positive_mib_or_none("credit_mb", self.credit_mb)
         if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         entry = _REGISTRY[self.schedule]
@@ -142,19 +135,27 @@ class WrapOptions:
         """The planner's partition size (INT64_MAX: never split)."""
         if self.partition_mb is None:
             return _REGISTRY[self.schedule]["default_partition_bytes"]
-        size = self.partition_mb * 1024 * 1024
-        return INT64_MAX if size >= INT64_MAX else max(1, int(size))
+        return max(1, _mib_to_bytes(self.partition_mb))
 
     @property
     def credit_bytes(self) -> int:
         """The policy's credit (0: the schedule's default, or none)."""
-        return 0 if self.credit_mb is None else max(1, int(min(self.credit_mb * 1024 * 1024, INT64_MAX)))
+        return 0 if self.credit_mb is None else max(1, _mib_to_bytes(self.credit_mb))
 
     @property
     def bucket_cap_bytes(self) -> int:
-        # The planner takes an int64; inf (or any cap beyond it) means "no cap".
-        cap = self.bucket_mb * 1024 * 1024
-        return INT64_MAX if cap >= INT64_MAX else int(cap)
+        return _mib_to_bytes(self.bucket_mb)
+
+
+def _mib_to_bytes(mib: float) -> int:
+    """MiB to the int64 bytes the engine takes; inf (or any size beyond int64) is INT64_MAX: no limit."""
+    size = mib * 1024 * 1024
+    return INT64_MAX if size >= INT64_MAX else int(size)
+
+
+def _check_positive_mib_or_none(name: str, value) -> None:
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
+        raise ValueError(f"dearcomm: {name} must be a positive number of MiB or None, got {value!r}")
 
 
 def _valid_combinations() -> str:

@@ -44,9 +44,8 @@ struct Engine::Bucket {
   BucketState state = BucketState::kCurrent;
   int64_t ready = 0;        // parameters overlapping it whose gradient arrived this backward
   // Local gradients (padded): packed, or accumulated in place by autograd where
-  // .grad is a view into it (has_grad_views).
+  // .grad is a view into it (its flat buffer's grad_views).
   at::Tensor grads;
-  bool has_grad_views = false;
   at::Tensor grad_shard;    // dear: this rank's averaged gradient shard (communication dtype)
   at::Tensor master_grad;   // sharded: grad_shard in fp32 for the optimizer (aliases it if fp32)
   at::Tensor gathered_comm; // replicated: the all-gather's output, in the communication dtype;
@@ -128,10 +127,6 @@ Engine::Engine(BucketLayout layout,
         slot.numel, " elements of ", dtype, ")");
   }
   allocate_flat_buffers();
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    bucket_bytes_.push_back(layout_.buckets[b].padded_numel *
-                            static_cast<int64_t>(c10::elementSize(comm_dtype(static_cast<int64_t>(b)))));
-  }
   const int64_t rank = backend_->rank();
   buckets_.resize(layout_.buckets.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -140,7 +135,7 @@ Engine::Engine(BucketLayout layout,
     Bucket& bucket = buckets_[b];
     auto range = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, spec.buffer_offset, spec.padded_numel) : t; };
     bucket.grads = range(flat.grads);
-    bucket.has_grad_views = flat.grad_views;
+    bucket_bytes_.push_back(bucket.grads.nbytes());
     bucket.gathered_comm = range(flat.gathered_comm);
     bucket.gathered = range(flat.gathered);
     bucket.params = range(flat.params);
@@ -254,7 +249,7 @@ at::Tensor Engine::grad_view(int64_t param) const {
 }
 
 bool Engine::uses_grad_views() const {
-  return std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.has_grad_views; });
+  return std::any_of(flats_.begin(), flats_.end(), [](const Flat& f) { return f.grad_views; });
 }
 
 void Engine::check_bucket_index(int64_t bucket) const {
