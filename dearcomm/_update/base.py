@@ -54,6 +54,10 @@ class UpdateStrategy(abc.ABC):
     def param_groups(self) -> List[Dict[str, Any]]:
         return self.optimizer.param_groups
 
+    def group_of(self) -> Dict[torch.Tensor, int]:
+        """Each parameter of the user's optimizer -> the index of its param group."""
+        return {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
+
     def on_engine_built(self, engine) -> None:
         """Once the first backward planned the buckets."""
 

@@ -26,7 +26,7 @@ class ReplicatedBeforeUse(AveragesInShards):
         self._step_hyperparameters: List[Dict[str, Any]] = []  # of the last step()
 
     def on_engine_built(self, engine) -> None:
-        self._group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        self._group_of = self.group_of()
         self._averaged = [engine.averaged_grad(i) for i in range(len(self.runtime.params))]
         engine.set_update_fn(weakly(self.update_params))  # a dropped optimizer updates nothing
 

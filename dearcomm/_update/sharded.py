@@ -42,7 +42,7 @@ class ShardedAtStep(AveragesInShards):
 
     def _build_shard_optimizer(self, engine) -> None:
         layout, rank, params = engine.layout, self.runtime.rank, self.runtime.params
-        group_of = {p: g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        group_of = self.group_of()
         groups: List[List[torch.Tensor]] = [[] for _ in self.param_groups]
         for b, spec in enumerate(layout.buckets):
             begin = rank * spec.shard_numel

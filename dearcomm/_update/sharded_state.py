@@ -97,7 +97,7 @@ def consolidate(update) -> Dict[str, Any]:
         for i, flat in flats.items():
             full_state.setdefault(i, {})[key] = flat.view(runtime.params[i].shape)
 
-    index = {param: i for i, param in enumerate(runtime.params)}
+    index = runtime.index  # parameter -> its engine (forward-order) index
     state, groups, next_index = {}, [], 0
     for g in update.param_groups:
         ids = []
