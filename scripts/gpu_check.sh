@@ -3,6 +3,7 @@
 # GPU test and the NCCL microbenchmarks, and write everything to one file.
 #
 #   bash scripts/gpu_check.sh [results/gpu-check.txt]
+#   PY=python3 bash scripts/gpu_check.sh ...   use that python (torch installed) and build in place
 # Exit status: non-zero if the build, a test or a benchmark's check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,14 +17,30 @@ step() {
 exec > >(tee "$out") 2>&1  # everything below also goes to $out
 echo "# dearcomm GPU check, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
 step nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-rm -f .venv/.dearcomm-built  # rebuild: the CUDA part is required here
-step env DEARCOMM_CUDA=1 make build
-step .venv/bin/python -c 'import torch, dearcomm; print("torch", torch.__version__, "CUDA", torch.version.cuda, "| dearcomm", dearcomm.build_info())'
-gpus=$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')
+# The project's .venv where make can make one; otherwise (a GPU machine with no
+# network, torch preinstalled) the python that holds torch, building in place.
+if [ -n "${PY:-}" ]; then
+  # The GPU image's CC/CXX (/opt/gcc) built an extension that carried its own
+  # copy of libstdc++'s stream code and crashed formatting the first number of
+  # an error message; the system compiler links the libstdc++ torch uses.
+  if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
+  step env DEARCOMM_CUDA=1 MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # torchrun's workers import the in-place build
+else
+  PY=.venv/bin/python
+  rm -f .venv/.dearcomm-built  # rebuild: the CUDA part is required here
+  step env DEARCOMM_CUDA=1 make build
+fi
+step "$PY" -c 'import torch, dearcomm; print("torch", torch.__version__, "CUDA", torch.version.cuda, "| dearcomm", dearcomm.build_info())'
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 echo "GPUs visible: $gpus"
 # One GPU runs everything at world size 1; tests that need two GPUs say so and skip.
-step .venv/bin/python -m pytest -m gpu -v -rs --durations=10 tests
-step .venv/bin/torchrun --nproc_per_node="$gpus" benchmarks/collectives.py --backend nccl --dtypes fp32 bf16
-step .venv/bin/torchrun --nproc_per_node="$gpus" benchmarks/collectives.py --backend nccl --fusion 200x4-64KiB
+# One pytest per file: a crash in one (a segfault kills pytest) hides no other file's results.
+for file in $(grep -l "requires_gpu\|mark.gpu" tests/test_*.py); do
+  step "$PY" -m pytest -m gpu -v -rs --durations=5 "$file"
+done
+step "$PY" -m torch.distributed.run --nproc_per_node="$gpus" benchmarks/collectives.py --backend nccl --dtypes fp32 bf16
+step "$PY" -m torch.distributed.run --nproc_per_node="$gpus" benchmarks/collectives.py --backend nccl --fusion 200x4-64KiB
+step "$PY" -m torch.distributed.run --nproc_per_node="$gpus" benchmarks/gpu_overlap.py
 echo; echo "### overall: $([ $status = 0 ] && echo PASSED || echo FAILED)"
 exit $status

@@ -104,6 +104,35 @@ def test_cuda_events_are_pooled():
         assert created <= 8, f"rank {rank}: {created} events for 100 sequential collectives"
 
 
+def _buffers_outlive_their_backends(rank, world_size):
+    import gc
+
+    from dearcomm import _C, _cuda
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    kept = []
+    for _ in range(3):  # later backends reuse the first one's stream
+        backend = _cuda.nccl_backend(dist.group.WORLD, device, dist.default_pg_timeout)
+        buffer = torch.ones(1 << 20, device=device)
+        _C.all_reduce(backend, buffer).wait()
+        kept.append(buffer)
+        del backend
+        gc.collect()
+    total = sum(b.sum().item() for b in kept)
+    kept.clear()  # freed after their backends: the allocator records an event on each one's stream
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return total
+
+
+def test_buffers_freed_after_their_backend_is_dropped():
+    """Guards against destroying the communication stream with the backend:
+    the caching allocator later records events on it for every buffer it
+    was recorded on, which crashed workers at exit (SIGSEGV, no result)."""
+    for rank, total in enumerate(run_workers(_buffers_outlive_their_backends, WORLD, backend="nccl")):
+        assert total == 3 * (1 << 20) * WORLD, f"rank {rank}: {total}"
+
+
 def threads():
     return len(os.listdir("/proc/self/task"))
 

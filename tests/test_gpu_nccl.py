@@ -31,10 +31,10 @@ def collectives_worker(rank, world_size):
             part = full[:shard].clone()
             ours, theirs = torch.empty(shard, dtype=dtype, device=device), torch.empty(shard, dtype=dtype, device=device)
             _C.reduce_scatter(backend, full, ours).wait()
-            dist.reduce_scatter_single(theirs, full)
+            dist.reduce_scatter_tensor(theirs, full)
             ours_ag, theirs_ag = (torch.empty_like(full) for _ in range(2))
             _C.all_gather(backend, part, ours_ag).wait()
-            dist.all_gather_single(theirs_ag, part)
+            dist.all_gather_into_tensor(theirs_ag, part)
             ours_ar, theirs_ar = full.clone(), full.clone()
             _C.all_reduce(backend, ours_ar).wait()
             dist.all_reduce(theirs_ar)
@@ -67,58 +67,3 @@ def test_parity_with_single_process_on_gpu(delay_cycles):
     for rank, per_config in enumerate(results):
         bad = {name: failures for name, failures in per_config.items() if failures}
         assert not bad, f"rank {rank}: " + "\n".join(f"{k}: {v[:2]}" for k, v in bad.items())
-
-
-def _overlap(rank, world_size):
-    import time
-
-    import dearcomm
-    from dearcomm import _C, _cuda
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(4096, 4096) for _ in range(8)]
-    plain = torch.nn.Sequential(*layers).to(device)
-    wrapped = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).to(device)
-    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-4)
-    wrapped, wrapped_opt = dearcomm.wrap(wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-4), bucket_mb=8)
-    x = torch.randn(256, 4096, device=device)
-
-    def timed(fn, iters=10):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / iters
-
-    def step(model, optimizer):
-        optimizer.zero_grad()
-        model(x).square().mean().backward()
-        optimizer.step()
-
-    t_dear = timed(lambda: step(wrapped, wrapped_opt))
-    t_compute = timed(lambda: step(plain, plain_opt))
-    layout = wrapped._dear.engine.layout
-    backend = _cuda.nccl_backend(dist.group.WORLD, device, dist.default_pg_timeout)
-    full = [torch.zeros(b.padded_numel, device=device) for b in layout.buckets]
-    shards = [torch.zeros(b.shard_numel, device=device) for b in layout.buckets]
-
-    def communicate():
-        for f, s in zip(full, shards):
-            _C.reduce_scatter(backend, f, s).wait()
-        for f, s in zip(full, shards):
-            _C.all_gather(backend, s, f).wait()
-
-    t_comm = timed(communicate)
-    return t_dear, t_compute, t_comm
-
-
-def test_overlapped_iteration_is_not_slower_than_serial():
-    for rank, (t_dear, t_compute, t_comm) in enumerate(run_workers(_overlap, WORLD, backend="nccl")):
-        serial = t_compute + t_comm
-        print(f"rank {rank}: dear {1e3 * t_dear:.2f} ms, serial {1e3 * serial:.2f} ms "
-              f"(compute {1e3 * t_compute:.2f} + communication {1e3 * t_comm:.2f})")
-        assert t_dear <= serial * 1.05, f"rank {rank}: overlapped {t_dear:.4f} s > serial {serial:.4f} s"

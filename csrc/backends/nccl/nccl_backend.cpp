@@ -2,6 +2,7 @@
 
 #include "../../common/bounded_teardown.h"
 #include "../../kernels/spin.h"
+#include "comm_stream_pool.h"
 #include "cuda_completion.h"
 #include "fused_copy.h"
 #include "nccl_check.h"
@@ -67,18 +68,6 @@ OnFailure on_failure_from_environment() {
       "dearcomm: DEARCOMM_NCCL_FAILURE must be 'terminate' (default: end the process when a collective fails or "
       "times out) or 'raise' (abort the communicator and raise at the next call), got '", mode, "'");
   return mode == "raise" ? OnFailure::kRaise : OnFailure::kTerminate;
-}
-
-// dearcomm's own stream, not one of c10's pooled ones: those wrap around
-// after 32 per device, and then teardown's idle check would wait for
-// another user's work.
-c10::cuda::CUDAStream create_comm_stream(c10::DeviceIndex device) {
-  const c10::cuda::CUDAGuard guard(device);
-  int least = 0, greatest = 0;
-  DEARCOMM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t stream = nullptr;
-  DEARCOMM_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
-  return c10::cuda::getStreamFromExternal(stream, device);
 }
 
 // The host never waits on the GPU while holding the GIL: teardown may poll
@@ -151,7 +140,7 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
       timeout_(timeout),
       debug_(NcclDebugOptions::from_environment()),
       on_failure_(on_failure_from_environment()),
-      stream_(create_comm_stream(device)),
+      stream_(acquire_comm_stream(device)),
       events_(make_cuda_event_pool(device)) {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
   const c10::cuda::CUDAGuard guard(device_);
@@ -217,8 +206,11 @@ NcclBackend::~NcclBackend() {
                  "(or its stream failed); the NCCL communicator was aborted\n", rank_,
                  static_cast<long long>(timeout_.count()));
   }
-  // Returns at once; the driver frees the stream once its last work is done.
-  cudaStreamDestroy(stream_.stream());
+  // Never destroyed (Note [Stream lifetime]); one with work stuck on it is
+  // not handed to the next backend either.
+  if (outcome != Teardown::kAbortedAfterGrace && cudaStreamQuery(stream_.stream()) == cudaSuccess) {
+    release_comm_stream(stream_);
+  }
 }
 
 std::string NcclBackend::name() const {

@@ -18,7 +18,8 @@
 // device is current on the calling thread.
 // Note [Buffer lifetime] - tensors a collective touches are recorded on its
 // stream (recordStream), so the caching allocator never hands their memory out
-// while the collective may still read or write it.
+// while the collective may still read or write it; the stream itself is never
+// destroyed (Note [Stream lifetime] in comm_stream_pool.h).
 // Note [One communicator] - reduce-scatters and all-gathers never overlap each
 // other: step() waits for every reduce-scatter before the first all-gather,
 // and the next backward's first reduction waits for every all-gather. So one
