@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include "update/update.h"
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
@@ -38,36 +40,15 @@ const char* to_string(BucketState state) {
   return "?";
 }
 
-// A bucket's tensors are views into the flat buffers of its dtype (Flat), so a
-// parameter that spans buckets has one contiguous .grad, master and parameter.
-struct Engine::Bucket {
+// A bucket's buffers (engine/buffers.h) and where it stands in the iteration.
+struct Engine::Bucket : BucketBuffers {
   BucketState state = BucketState::kCurrent;
-  int64_t ready = 0;        // parameters overlapping it whose gradient arrived this backward
-  // Local gradients (padded): packed, or accumulated in place by autograd where
-  // .grad is a view into it (its flat buffer's grad_views).
-  at::Tensor grads;
-  at::Tensor grad_shard;    // dear: this rank's averaged gradient shard (communication dtype)
-  at::Tensor master_grad;   // sharded: grad_shard in fp32 for the optimizer (aliases it if fp32)
-  at::Tensor gathered_comm; // replicated: the all-gather's output, in the communication dtype;
-                            // `grads` (its data is consumed by then) unless .grad views live there
-  at::Tensor gathered;      // replicated: all-gathered averaged gradients in the parameters'
-                            // dtype (aliases `gathered_comm` when the dtypes agree)
-  at::Tensor master;        // sharded: fp32 master parameters, this rank's shard
-  at::Tensor gather_input;  // sharded: `master` in the parameters' dtype (aliases it for fp32)
-  at::Tensor params;        // sharded: gathered parameters; the parameters are views of it
+  int64_t ready = 0;  // parameters overlapping it whose gradient arrived this backward
   std::unique_ptr<PendingCollective> pending;
   int64_t launched_ns = -1;  // timeline: when `pending` was launched
 };
 
-// One flat buffer per dtype (Megatron-LM's grad buffer): the buckets' tensors
-// of the same name are consecutive ranges of these.
-struct Engine::Flat {
-  at::Tensor grads;
-  at::Tensor gathered_comm;
-  at::Tensor gathered;
-  at::Tensor params;
-  bool grad_views = false;
-};
+struct Engine::Flat : FlatBuffers {};
 
 namespace {
 // A tensor over `view`'s memory that is not an autograd view of it: it keeps
@@ -101,16 +82,8 @@ Engine::Engine(BucketLayout layout,
       grad_views_(params_.size()) {
   TORCH_CHECK_VALUE(backend_, "dearcomm: no communication backend");
   TORCH_CHECK_VALUE(policy_, "dearcomm: no schedule policy");
-  strategy_ = policy_->update_strategy();
   reduction_ = policy_->reduction();
-  // Which buffers exist follows from these two (below), so they must agree:
-  // only a reduce-scatter leaves the shard a sharded or gathered update needs.
-  // A reduce-scatter leaves shards: updated sharded, or gathered and updated
-  // replicated. An all-reduce leaves full averages: in .grad for the user's
-  // optimizer, or read by a replicated update.
-  TORCH_CHECK(reduction_ == Collective::kReduceScatter ? strategy_ != UpdateStrategy::kFullAfterReduction
-                                                       : strategy_ != UpdateStrategy::kShardedAtStep,
-      "dearcomm: a schedule policy reduces with ", to_string(reduction_), " but updates ", to_string(strategy_));
+  update_ = make_update(policy_->update_strategy(), reduction_);  // raises if the reduction cannot feed it
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
       params_.size(), " parameters and ", names_.size(), " names");
@@ -141,16 +114,8 @@ Engine::Engine(BucketLayout layout,
     bucket.params = range(flat.params);
     if (reduction_ == Collective::kReduceScatter) {
       bucket.grad_shard = at::zeros({spec.shard_numel}, bucket.grads.options());
-      if (strategy_ == UpdateStrategy::kShardedAtStep) {
-        bucket.master_grad = comm_dtype(b) == at::kFloat ? bucket.grad_shard
-                                                         : at::zeros({spec.shard_numel}, bucket.grads.options().dtype(at::kFloat));
-      }
     }
-    if (strategy_ == UpdateStrategy::kShardedAtStep) {
-      bucket.master = bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel)
-                          .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      bucket.gather_input = spec.dtype == at::kFloat ? bucket.master : at::empty({spec.shard_numel}, bucket.params.options());
-    }
+    update_->allocate(bucket, spec, rank);
   }
 }
 
@@ -169,22 +134,10 @@ void Engine::allocate_flat_buffers() {
     const at::TensorOptions comm = opts.dtype(comm_dtype(static_cast<int64_t>(b)));
     // Zeroed once: pads and gaps are never written, so they stay zero through every collective.
     flat.grads = at::zeros({numel}, comm);
-    // .grad can live in the buffer only where the buffer holds it as it is,
-    // and not where an all-reduce averages in place for the next forward to
-    // read (zero_grad() and the user's code write .grad before that).
-    const bool reduced_for_forward = strategy_ == UpdateStrategy::kReplicatedBeforeUse &&
-                                     reduction_ == Collective::kAllReduce;
+    // .grad can live in the buffer only where the buffer holds it as it is.
     flat.grad_views = options_.grad_views && comm_dtype(static_cast<int64_t>(b)) == spec.dtype &&
-                      pre_divide(static_cast<int64_t>(b)) == 1.0 && !reduced_for_forward;
-    if (strategy_ == UpdateStrategy::kReplicatedBeforeUse) {
-      // Averaged gradients must not land in .grad's views: zero_grad() and the
-      // next backward write those while the all-gathers are still in flight.
-      flat.gathered_comm = flat.grad_views ? at::zeros({numel}, comm) : flat.grads;
-      flat.gathered = comm.dtype() == opts.dtype() ? flat.gathered_comm : at::zeros({numel}, opts);
-    }
-    if (strategy_ == UpdateStrategy::kShardedAtStep) {
-      flat.params = at::zeros({numel}, opts);
-    }
+                      pre_divide(static_cast<int64_t>(b)) == 1.0 && update_->grads_may_alias_buffer();
+    update_->allocate(flat, numel, opts, comm);
   }
   for (size_t p = 0; p < params_.size(); ++p) {
     const Flat& flat = flat_of(static_cast<int64_t>(p));
@@ -202,6 +155,10 @@ const Engine::Flat& Engine::flat_of(int64_t param) const {
 }
 
 Engine::~Engine() = default;
+
+UpdateStrategy Engine::update_strategy() const {
+  return update_->kind();
+}
 
 void Engine::trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
                         int64_t wait_begin_ns) {
@@ -333,7 +290,7 @@ void Engine::issue(const std::vector<Op>& ops) {
   for (const Op& op : ops) {
     check_bucket_index(op.bucket);
     if (op.kind == Collective::kAllGather) {
-      TORCH_CHECK(strategy_ != UpdateStrategy::kFullAfterReduction && buckets_[op.bucket].state == BucketState::kReduced,
+      TORCH_CHECK(!update_->averages_to_grad() && buckets_[op.bucket].state == BucketState::kReduced,
           "dearcomm: the schedule policy all-gathers bucket ", op.bucket, " in bucket state ",
           to_string(buckets_[op.bucket].state));
       start_gather(op.bucket);
@@ -483,7 +440,7 @@ void Engine::finish_reduction(int64_t b) {
     if (post_divide != 1.0) {
       bucket.grads.div_(post_divide);
     }
-    if (strategy_ == UpdateStrategy::kFullAfterReduction) {
+    if (update_->averages_to_grad()) {
       copy_grads_to_params(b);
     }  // else the replicated update reads the averages from the bucket
   }
@@ -502,7 +459,7 @@ void Engine::start_gathers() {
     mark_all_current();  // the user's optimizer updated full parameters in step()
     return;
   }
-  if (strategy_ == UpdateStrategy::kShardedAtStep && !params_bound_) {
+  if (update_->binds_parameters() && !params_bound_) {
     bind_params_to_gather_buffers();
   }
   state_ = IterationState::kGathering;
@@ -620,14 +577,8 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
 void Engine::start_gather(int64_t b) {
   Bucket& bucket = buckets_[b];
   DEARCOMM_RANGE("all_gather", b);
-  if (strategy_ == UpdateStrategy::kShardedAtStep) {
-    if (!bucket.gather_input.is_same(bucket.master)) {
-      bucket.gather_input.copy_(bucket.master);
-    }
-    bucket.pending = backend_->all_gather(bucket.gather_input, bucket.params);
-  } else {
-    bucket.pending = backend_->all_gather(bucket.grad_shard, bucket.gathered_comm);
-  }
+  const auto [input, output] = update_->gather(bucket);
+  bucket.pending = backend_->all_gather(input, output);
   bucket.state = BucketState::kGathering;
   bucket.launched_ns = tracing_ ? now_ns() : -1;
   next_gather_ = b + 1;
@@ -651,12 +602,9 @@ void Engine::finish_gather(int64_t b) {
 
 void Engine::apply_averages(int64_t b) {
   Bucket& bucket = buckets_[b];
-  const bool replicated = strategy_ == UpdateStrategy::kReplicatedBeforeUse;
-  if (replicated && !bucket.gathered.is_same(bucket.gathered_comm)) {
-    bucket.gathered.copy_(bucket.gathered_comm);  // to the parameters' dtype
-  }
+  update_->averages_in(bucket);
   bucket.state = BucketState::kCurrent;
-  if (replicated && update_fn_) {
+  if (update_->updates_per_parameter() && update_fn_) {
     // A parameter is updated once every bucket holding part of it is gathered.
     std::vector<int64_t> ready;
     const BucketSpec& spec = layout_.buckets[b];
@@ -729,30 +677,25 @@ void Engine::make_current(int64_t b) {
 
 at::Tensor Engine::grad_shard(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(strategy_ != UpdateStrategy::kFullAfterReduction,
-      "dearcomm: the averaged gradients are in .grad with update strategy ", to_string(strategy_));
-  if (reduction_ == Collective::kAllReduce) {
-    return buckets_[b].grads;  // all-reduced: the whole bucket, the same on every rank
-  }
-  return strategy_ == UpdateStrategy::kShardedAtStep ? buckets_[b].master_grad : buckets_[b].grad_shard;
+  return update_->shard_for_optimizer(buckets_[b]);
 }
 
 at::Tensor Engine::averaged_grad(int64_t param) const {
   TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
       "dearcomm: parameter index ", param, " out of range");
-  TORCH_CHECK(strategy_ == UpdateStrategy::kReplicatedBeforeUse,
+  TORCH_CHECK(update_->updates_per_parameter(),
       "dearcomm: averaged gradients outside .grad exist only with update='replicated' of schedule='dear'");
   return param_view(flat_of(param).gathered, param);
 }
 
 at::Tensor Engine::master_shard(int64_t b) const {
   check_bucket_index(b);
-  TORCH_CHECK(strategy_ == UpdateStrategy::kShardedAtStep, "dearcomm: master shards exist only with update='sharded'");
+  TORCH_CHECK(update_->binds_parameters(), "dearcomm: master shards exist only with update='sharded'");
   return buckets_[b].master;
 }
 
 void Engine::reload_master_shards() {
-  TORCH_CHECK(strategy_ == UpdateStrategy::kShardedAtStep, "dearcomm: master shards exist only with update='sharded'");
+  TORCH_CHECK(update_->binds_parameters(), "dearcomm: master shards exist only with update='sharded'");
   TORCH_CHECK(state_ == IterationState::kIdle,
       "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state_));
   const int64_t rank = backend_->rank();

@@ -31,6 +31,7 @@
 #pragma once
 
 #include "bucket_layout.h"
+#include "buffers.h"
 #include "comm_backend.h"
 #include "schedule/policy.h"
 
@@ -43,6 +44,8 @@
 #include <vector>
 
 namespace dearcomm {
+
+class Update;
 
 // Where the iteration stands. Changed only by the transition methods below.
 enum class IterationState {
@@ -111,7 +114,7 @@ class Engine {
   // The policy's answer: step() leaves the reductions running and the next
   // forward waits for them bucket by bucket (require_bucket).
   bool finishes_reductions_in_forward() const { return policy_->finish_reductions_in_forward(); }
-  UpdateStrategy update_strategy() const { return strategy_; }
+  UpdateStrategy update_strategy() const;
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
   int64_t packed_params() const { return packed_params_; }
@@ -223,8 +226,8 @@ class Engine {
   std::shared_ptr<CommBackend> backend_;
   EngineOptions options_;
   std::unique_ptr<SchedulePolicy> policy_;
-  UpdateStrategy strategy_;  // the policy's, fixed: buffers are allocated for it
-  Collective reduction_;     // the policy's, fixed: likewise
+  Collective reduction_;            // the policy's, fixed: buffers are allocated for it
+  std::unique_ptr<Update> update_;  // the policy's update strategy (update/update.h); likewise
   UpdateFn update_fn_;
   std::vector<bool> updated_;  // replicated: per parameter, this step's update ran
 
