@@ -34,12 +34,12 @@ py::object to_dtype(c10::ScalarType type) {
 }
 
 BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, int64_t bucket_cap_bytes, int64_t world_size,
-                  int64_t partition_bytes) {
+                  int64_t partition_bytes, const std::vector<std::vector<int64_t>>& blocks) {
   std::vector<c10::ScalarType> types;
   for (const auto& d : dtypes) {
     types.push_back(to_scalar_type(d));
   }
-  return plan_buckets(numels, types, bucket_cap_bytes, world_size, partition_bytes);
+  return plan_buckets(numels, types, bucket_cap_bytes, world_size, partition_bytes, blocks);
 }
 
 // A collective started from Python (benchmarks, tests); wait() releases the GIL.
@@ -187,8 +187,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("plan_buckets", &plan, py::arg("numels"), py::arg("dtypes"), py::arg("bucket_cap_bytes"),
         py::arg("world_size"), py::arg("partition_bytes") = kNoPartition,
+        py::arg("blocks") = std::vector<std::vector<int64_t>>{},
         "Plans fused buckets over parameters given in forward order (pure; no process group). With "
-        "partition_bytes, no bucket is larger: parameters are split at multiples of partition_unit().");
+        "partition_bytes, no bucket is larger: parameters are split at multiples of partition_unit(). "
+        "blocks (none, or a list per parameter, empty for most): a parameter's explicit pieces in elements, "
+        "one bucket each (a planner's sizes).");
   m.def("partition_unit", [](int64_t world_size, const py::handle& dtype) {
     return partition_unit(world_size, to_scalar_type(dtype));
   }, py::arg("world_size"), py::arg("dtype"),

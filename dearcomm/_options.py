@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,13 @@ class WrapOptions:
     unit). None (default): the schedule's default: 32 MiB (8 M fp32 parameters,
     the ByteScheduler paper's recommendation for all-reduce) for
     "bytescheduler", never split for the others."""
+
+    blocks: Optional[Mapping[str, Sequence[int]]] = None
+    """Explicit pieces, as a planner chose them (US-Byte's unequal blocks):
+    parameter name -> element counts of its consecutive pieces. Each piece is
+    a bucket of its own; the counts add up to the parameter's size, and all
+    but the last are multiples of _C.partition_unit(world_size, dtype)
+    (world_size x 64 bytes). Parameters not named are bucketed as usual."""
 
     credit_mb: Optional[float] = None
     """schedule="bytescheduler" only: the credit, in MiB, that each point of
@@ -96,6 +103,8 @@ class WrapOptions:
         if not self.bucket_mb >= 0:  # also rejects NaN
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
         _check_positive_mib_or_none("partition_mb", self.partition_mb)
+        if self.blocks is not None:
+            _check_blocks(self.blocks)
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
         if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
@@ -163,3 +172,14 @@ def _valid_combinations() -> str:
         f"schedule={name!r} with update=" + " or ".join(
             repr(u) + (" (default)" if u == entry["default_update"] else "") for u in entry["updates"])
         for name, entry in _REGISTRY.items())
+
+
+def _check_blocks(blocks) -> None:
+    if not isinstance(blocks, Mapping):
+        raise TypeError(f"dearcomm: blocks must map parameter names to lists of element counts, "
+                        f"got {type(blocks).__name__}")
+    for name, pieces in blocks.items():
+        if (not isinstance(name, str) or isinstance(pieces, (str, bytes)) or not isinstance(pieces, Sequence)
+                or not pieces or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in pieces)):
+            raise ValueError(f"dearcomm: blocks[{name!r}] must be a non-empty list of positive element counts, "
+                             f"got {pieces!r}")

@@ -110,6 +110,7 @@ class DearRuntime:
                 self.names[param] = name
         if not self.names:
             raise ValueError("dearcomm: the module has no parameter that requires grad; nothing to train")
+        self._check_blocks()
 
         self.engine: Optional[_C.Engine] = None
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
@@ -254,6 +255,31 @@ class DearRuntime:
 
     # ---- engine ------------------------------------------------------------
 
+    def _check_blocks(self) -> None:
+        """WrapOptions.blocks against the parameters they name (at wrap time:
+        the errors can give names, which the planner's cannot)."""
+        blocks = self.options.blocks or {}
+        params = {name: p for p, name in self.names.items()}
+        unknown = sorted(set(blocks) - set(params))
+        if unknown:
+            raise ValueError(f"dearcomm: blocks names {unknown}, which are not trainable parameters of the module")
+        for name, pieces in blocks.items():
+            p = params[name]
+            unit = _C.partition_unit(self.world_size, p.dtype)
+            if sum(pieces) != p.numel():
+                raise ValueError(f"dearcomm: blocks[{name!r}] add up to {sum(pieces)} elements, but the parameter "
+                                 f"has {p.numel()}")
+            uneven = [n for n in pieces[:-1] if n % unit]
+            if uneven:
+                raise ValueError(f"dearcomm: blocks[{name!r}] has pieces of {uneven} elements; every piece but the "
+                                 f"last must be a multiple of {unit} (world_size {self.world_size} x 64 bytes of "
+                                 f"{p.dtype})")
+
+    def _explicit_blocks(self, names: List[str]) -> List[List[int]]:
+        """WrapOptions.blocks in forward order: an empty list where none."""
+        blocks = self.options.blocks
+        return [list(blocks.get(name, ())) for name in names] if blocks else []
+
     def _build_engine(self) -> None:
         now = {p for p in self._module.parameters() if p.requires_grad}
         if now != set(self.names):
@@ -272,6 +298,7 @@ class DearRuntime:
             self.options.bucket_cap_bytes,
             self.world_size,
             self.options.partition_bytes,
+            self._explicit_blocks(names),
         )
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None

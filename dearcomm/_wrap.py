@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ def wrap(
     *,
     bucket_mb: float = 25.0,
     partition_mb: Optional[float] = None,
+    blocks: Optional[Mapping[str, Sequence[int]]] = None,
     credit_mb: Optional[float] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
@@ -77,6 +78,10 @@ def wrap(
             split, its parts communicated as separate buckets (ByteScheduler's
             partitioning). Default None: the schedule's own (32 MiB for
             "bytescheduler"; never split for the others).
+        blocks: explicit pieces from a planner (US-Byte's unequal blocks):
+            {parameter name: element counts of its consecutive pieces}, one
+            bucket each; all but the last a multiple of
+            dearcomm._C.partition_unit(world_size, dtype). Default: none.
         credit_mb: schedule="bytescheduler" only: MiB of queued all-reduces issued
             per ready bucket during backward (default 64).
         schedule: "dear" (default), "wfbp" or "bytescheduler".
@@ -98,7 +103,7 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, credit_mb=credit_mb,
+    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb,
                           schedule=schedule, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
                           max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,

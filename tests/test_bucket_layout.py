@@ -180,3 +180,33 @@ def test_without_partitioning_nothing_is_split():
 def test_bad_partition_size_is_named():
     with pytest.raises(ValueError, match="partition size must be > 0"):
         plan_partitioned([3], 0, 2, 0)
+
+
+def test_explicit_blocks_make_one_bucket_per_piece_and_nothing_else_moves():
+    """A planner's unequal pieces (US-Byte): each piece is one bucket, split
+    buckets need no padding, and parameters without blocks are planned as
+    without them."""
+    unit = _C.partition_unit(2, F32)  # 32
+    numels = [10, 20, 6 * unit + 5, 7, 9]
+    layout = _C.plan_buckets(numels, [F32] * 5, 10**9, 2, blocks=[[], [], [unit, 4 * unit, unit + 5], [], []])
+    assert [(b.first_param, b.num_params, b.numel) for b in layout.buckets] == [
+        (0, 2, 36), (2, 1, unit), (2, 1, 4 * unit), (2, 1, unit + 5), (3, 2, 17)]
+    assert all(b.numel == b.padded_numel for b in layout.buckets[1:3])  # split: no padding
+    slot = layout.params[2]
+    assert slot.offset == 0 and slot.last_bucket - slot.bucket == 2
+    assert layout.params[3].bucket == slot.last_bucket + 1  # the next parameter starts afresh
+    assert sorted(covered_elements(layout)) == [(p, i) for p, n in enumerate(numels) for i in range(n)]
+    unblocked = plan(numels[:2], 10**9, 2)
+    assert [(s.bucket, s.offset) for s in layout.params[:2]] == [(s.bucket, s.offset) for s in unblocked.params]
+
+
+@pytest.mark.parametrize("blocks, message", [
+    ([[], [33, 68]], "block 0 of parameter 1 has 33 elements; every block but the last must be a multiple of "
+                     "partition_unit = 32"),
+    ([[], [32, 32]], "the blocks of parameter 1 add up to 64 elements, but it has 101"),
+    ([[], [0, 101]], "block 0 of parameter 1 has 0 elements"),
+    ([[101]], "got blocks for 1 parameters, expected none or 2"),
+])
+def test_bad_blocks_are_named(blocks, message):
+    with pytest.raises(ValueError, match=message):
+        _C.plan_buckets([7, 101], [F32, F32], 0, 2, blocks=blocks)

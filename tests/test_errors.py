@@ -127,6 +127,18 @@ def misuse_worker(rank, world_size):
         model.extra = nn.Linear(2, 2)
         one_step(model, optimizer, rank, world_size)
 
+    def blocks_unknown_name():
+        model = MixedNet()
+        dearcomm.wrap(model, sgd(model), blocks={"embed.weights": [119]})
+
+    def blocks_wrong_sum():
+        model = MixedNet()
+        dearcomm.wrap(model, sgd(model), blocks={"embed.weight": [64, 64]})
+
+    def blocks_misaligned():
+        model = MixedNet()  # 2 ranks: pieces of 32 fp32 elements (2 x 64 bytes)
+        dearcomm.wrap(model, sgd(model), blocks={"embed.weight": [60, 59]})
+
     def step_with_closure():
         model = MixedNet()
         model, optimizer = dearcomm.wrap(model, sgd(model))
@@ -148,6 +160,10 @@ MISUSE = {
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
     "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
+    "blocks_unknown_name": ("ValueError", r"blocks names \['embed.weights'\], which are not trainable parameters"),
+    "blocks_wrong_sum": ("ValueError", r"blocks\['embed.weight'\] add up to 128 elements, but the parameter has 119"),
+    "blocks_misaligned": ("ValueError", r"blocks\['embed.weight'\] has pieces of \[60\] elements; every piece but "
+                                        r"the last must be a multiple of 32 \(world_size 2 x 64 bytes of torch.float32\)"),
     "parameter_changes_shape": ("ValueError", "parameter 'embed.weight' has 126 elements but had 119"),
     "parameter_added": ("ValueError", r"trainable parameters changed after wrap\(\) \(added \['extra.weight', 'extra.bias'\]"),
 }

@@ -35,13 +35,30 @@ CONFIGS = [
     dict(optim=optim, schedule="bytescheduler", update="replicated", bucket_mb=0.0, partition_mb=partition_mb,
          credit_mb=1 / 2**20)
     for optim, partition_mb in itertools.product(["sgd", "adamw"], [None, 1 / 2**20])
+] + [
+    # A planner's explicit pieces (US-Byte's unequal blocks): see uneven_blocks.
+    dict(optim=optim, schedule=schedule, update=update, bucket_mb=SMALL_BUCKET_MB, partition_mb=None, blocks="uneven")
+    for optim, (schedule, update) in itertools.product(["sgd", "adamw"], SCHEDULES)
 ]
+
+
+def uneven_blocks(model, world_size):
+    """Every parameter of at least three partition units in pieces of 1, 2 and
+    the rest of the units, as a planner with unequal block sizes would."""
+    blocks = {}
+    for name, p in model.named_parameters():
+        unit = dearcomm._C.partition_unit(world_size, p.dtype)
+        if p.numel() > 3 * unit:
+            blocks[name] = [unit, 2 * unit, p.numel() - 3 * unit]
+    assert blocks, "no parameter is large enough to split"
+    return blocks
 
 
 def config_id(cfg):
     partition = f"-partition{cfg['partition_mb'] * 2**20:g}B" if cfg.get("partition_mb") else ""
     credit = f"-credit{cfg['credit_mb'] * 2**20:g}B" if cfg.get("credit_mb") else ""
-    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}{credit}"
+    blocks = f"-{cfg['blocks']}-blocks" if cfg.get("blocks") else ""
+    return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}{credit}{blocks}"
 
 
 def make_optimizer(kind, model):
@@ -70,8 +87,9 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
     optimizer, ref_optimizer = make_optimizer(cfg["optim"], model), make_optimizer(cfg["optim"], reference)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
+    blocks = uneven_blocks(model, world_size) if cfg.get("blocks") else None
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
-                                     partition_mb=cfg.get("partition_mb"), credit_mb=cfg.get("credit_mb"),
+                                     partition_mb=cfg.get("partition_mb"), blocks=blocks, credit_mb=cfg.get("credit_mb"),
                                      schedule=cfg["schedule"], update=cfg["update"],
                                      comm_dtype=cfg.get("comm_dtype"))
     failures = []
@@ -84,6 +102,12 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
         if step == 0 and cfg.get("partition_mb"):
             slots = model._dear.engine.layout.params
             assert any(s.last_bucket > s.bucket for s in slots), "partitioning split no parameter"
+        if step == 0 and blocks:
+            layout, index = model._dear.engine.layout, model._dear.index
+            for name, p in model.named_parameters():
+                slot = layout.params[index[p]]
+                pieces = [layout.buckets[b].numel for b in range(slot.bucket, slot.last_bucket + 1)]
+                assert pieces == blocks.get(name, pieces), f"{name}: buckets of {pieces}, blocks {blocks[name]}"
 
         ref_optimizer.zero_grad()
         F.cross_entropy(reference(tokens), labels).backward()

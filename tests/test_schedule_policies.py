@@ -155,3 +155,14 @@ def test_engine_side_resolves_names_through_the_same_registry(schedule, update, 
     # make_engine and policy_ops both build their policy with make_policy.
     with pytest.raises(error, match=message):
         _C._testing.policy_ops(schedule, update, [100], [0])
+
+
+@pytest.mark.parametrize("blocks, error, message", [
+    ([100], TypeError, "blocks must map parameter names to lists of element counts, got list"),
+    ({"fc.weight": []}, ValueError, r"blocks\['fc.weight'\] must be a non-empty list of positive element counts"),
+    ({"fc.weight": [64, -1]}, ValueError, "non-empty list of positive element counts"),
+    ({"fc.weight": "64"}, ValueError, "non-empty list of positive element counts"),
+])
+def test_bad_blocks_are_refused_with_their_name(blocks, error, message):
+    with pytest.raises(error, match=message):
+        WrapOptions(blocks=blocks)

@@ -60,6 +60,23 @@ class Planner {
     }
   }
 
+  // A parameter in the given pieces, one bucket each (see plan_buckets).
+  void add_blocks(int64_t numel, c10::ScalarType dtype, const std::vector<int64_t>& pieces) {
+    const int64_t param = static_cast<int64_t>(layout_.params.size());
+    if (open_) {
+      close();
+    }
+    ParamSlot slot{current(), 0, numel, current()};
+    for (const int64_t piece : pieces) {
+      open(param, dtype);
+      open_spec_.num_params = 1;
+      open_spec_.numel = piece;
+      slot.last_bucket = current();
+      close();
+    }
+    layout_.params.push_back(slot);
+  }
+
   BucketLayout finish() {
     if (open_) {
       close();
@@ -106,6 +123,20 @@ class Planner {
   int64_t partition_numel_ = kNoPartition;  // of the open bucket's dtype
 };
 
+void check_blocks(size_t param, int64_t numel, int64_t unit, const std::vector<int64_t>& pieces) {
+  int64_t sum = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    TORCH_CHECK_VALUE(pieces[k] > 0, "dearcomm: block ", k, " of parameter ", param, " has ", pieces[k],
+                      " elements; blocks must not be empty");
+    TORCH_CHECK_VALUE(k + 1 == pieces.size() || pieces[k] % unit == 0,
+        "dearcomm: block ", k, " of parameter ", param, " has ", pieces[k], " elements; every block but the last "
+        "must be a multiple of partition_unit = ", unit, " elements (world_size x 64 bytes)");
+    sum += pieces[k];
+  }
+  TORCH_CHECK_VALUE(sum == numel, "dearcomm: the blocks of parameter ", param, " add up to ", sum,
+                    " elements, but it has ", numel);
+}
+
 }  // namespace
 
 int64_t partition_unit(int64_t world_size, c10::ScalarType dtype) {
@@ -117,16 +148,24 @@ BucketLayout plan_buckets(
     const std::vector<c10::ScalarType>& dtypes,
     int64_t bucket_cap_bytes,
     int64_t world_size,
-    int64_t partition_bytes) {
+    int64_t partition_bytes,
+    const std::vector<std::vector<int64_t>>& blocks) {
   TORCH_CHECK_VALUE(numels.size() == dtypes.size(),
       "dearcomm: plan_buckets got ", numels.size(), " sizes but ", dtypes.size(), " dtypes");
   TORCH_CHECK_VALUE(world_size >= 1, "dearcomm: world_size must be >= 1, got ", world_size);
   TORCH_CHECK_VALUE(bucket_cap_bytes >= 0, "dearcomm: bucket cap must be >= 0 bytes, got ", bucket_cap_bytes);
   TORCH_CHECK_VALUE(partition_bytes > 0, "dearcomm: partition size must be > 0 bytes, got ", partition_bytes);
+  TORCH_CHECK_VALUE(blocks.empty() || blocks.size() == numels.size(),
+      "dearcomm: plan_buckets got blocks for ", blocks.size(), " parameters, expected none or ", numels.size());
   Planner planner(bucket_cap_bytes, partition_bytes, world_size);
   for (size_t i = 0; i < numels.size(); ++i) {
     TORCH_CHECK_VALUE(numels[i] > 0, "dearcomm: parameter ", i, " has no elements");
-    planner.add(numels[i], dtypes[i]);
+    if (blocks.empty() || blocks[i].empty()) {
+      planner.add(numels[i], dtypes[i]);
+      continue;
+    }
+    check_blocks(i, numels[i], partition_unit(world_size, dtypes[i]), blocks[i]);
+    planner.add_blocks(numels[i], dtypes[i], blocks[i]);
   }
   return planner.finish();
 }

@@ -97,12 +97,19 @@ constexpr int64_t kNoPartition = INT64_MAX;
 // alignments (partition_unit), so the split bucket needs no padding and its
 // neighbour continues the parameter contiguously; partition_bytes is rounded
 // down to that unit (at least one unit).
+//
+// `blocks` (empty, or one entry per parameter): where blocks[p] is not empty,
+// it gives the element counts of parameter p's consecutive pieces, as a
+// planner chose them (US-Byte's unequal blocks): p starts a bucket, each piece
+// is a bucket of its own, and the next parameter starts another. The counts
+// sum to p's size, and all but the last are multiples of partition_unit.
 BucketLayout plan_buckets(
     const std::vector<int64_t>& numels,
     const std::vector<c10::ScalarType>& dtypes,
     int64_t bucket_cap_bytes,
     int64_t world_size,
-    int64_t partition_bytes = kNoPartition);
+    int64_t partition_bytes = kNoPartition,
+    const std::vector<std::vector<int64_t>>& blocks = {});
 
 // The granularity of partition boundaries, in elements of `dtype`.
 int64_t partition_unit(int64_t world_size, c10::ScalarType dtype);
