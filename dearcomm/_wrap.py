@@ -83,7 +83,10 @@ def wrap(
             bucket each; all but the last a multiple of
             dearcomm._C.partition_unit(world_size, dtype). Default: none.
         credit_mb: schedule="bytescheduler" only: MiB of queued all-reduces issued
-            per ready bucket during backward (default 64).
+            per ready bucket during backward (default 64). Only a credit below
+            the partition size reorders: on a slow link, partition_mb=4 with
+            credit_mb=1 or 2 was fastest (docs/benchmarks.md); the defaults
+            (the paper's sizes) leave the queue empty.
         schedule: "dear" (default), "wfbp" or "bytescheduler".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
