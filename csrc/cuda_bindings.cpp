@@ -5,6 +5,7 @@
 // The backend crosses to dearcomm._C, which owns the engine, as a capsule
 // (backend_capsule.h).
 #include "backend_capsule.h"
+#include "backends/nccl/comm_stream_pool.h"
 #include "backends/nccl/fused_copy.h"
 #include "backends/nccl/nccl_backend.h"
 
@@ -41,6 +42,8 @@ PYBIND11_MODULE(_C_cuda, m) {
     TORCH_CHECK_TYPE(backend != nullptr, "dearcomm: events_created takes an NCCL backend");
     return backend->events_created();
   }, py::arg("backend"), "CUDA events the backend created so far (pooled; for tests).");
+  m.def("comm_streams_created", &comm_streams_created,
+        "Communication streams created so far in this process (pooled and reused; for tests).");
   m.def("fused_copy", &fused_copy, py::arg("sources"), py::arg("destinations"), py::arg("scale") = 1.0,
         py::call_guard<py::gil_scoped_release>(),
         "destinations[i] = cast(scale * sources[i]); contiguous fp32/fp16/bf16 pairs in one kernel launch.");

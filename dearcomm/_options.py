@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Mapping, Optional, Sequence
+import operator
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,9 @@ class WrapOptions:
     parameter name -> element counts of its consecutive pieces. Each piece is
     a bucket of its own; the counts add up to the parameter's size, and all
     but the last are multiples of _C.partition_unit(world_size, dtype)
-    (world_size x 64 bytes). Parameters not named are bucketed as usual."""
+    (world_size x 64 bytes). A named parameter closes the bucket before it and
+    its pieces are taken as given (partition_mb does not apply to them); the
+    others are bucketed as usual. Every rank must pass the same blocks."""
 
     credit_mb: Optional[float] = None
     """schedule="bytescheduler" only: the credit, in MiB, that each point of
@@ -104,7 +107,7 @@ class WrapOptions:
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
         _check_positive_mib_or_none("partition_mb", self.partition_mb)
         if self.blocks is not None:
-            _check_blocks(self.blocks)
+            object.__setattr__(self, "blocks", _checked_blocks(self.blocks))  # a copy: later edits don't count
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
         if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
             raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
@@ -174,12 +177,23 @@ def _valid_combinations() -> str:
         for name, entry in _REGISTRY.items())
 
 
-def _check_blocks(blocks) -> None:
+def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
+    """A copy of `blocks` with plain ints (a planner's numpy or torch integers
+    are fine), or an error naming the entry."""
     if not isinstance(blocks, Mapping):
         raise TypeError(f"dearcomm: blocks must map parameter names to lists of element counts, "
                         f"got {type(blocks).__name__}")
+    checked = {}
     for name, pieces in blocks.items():
-        if (not isinstance(name, str) or isinstance(pieces, (str, bytes)) or not isinstance(pieces, Sequence)
-                or not pieces or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in pieces)):
+        if not isinstance(name, str):
+            raise TypeError(f"dearcomm: blocks keys must be parameter names (str), got {name!r}")
+        try:
+            plain = not isinstance(pieces, (str, bytes)) and not any(isinstance(n, bool) for n in pieces)
+            counts = tuple(operator.index(n) for n in pieces) if plain else ()
+        except TypeError:
+            counts = ()
+        if not counts or any(n <= 0 for n in counts):
             raise ValueError(f"dearcomm: blocks[{name!r}] must be a non-empty list of positive element counts, "
                              f"got {pieces!r}")
+        checked[name] = counts
+    return checked

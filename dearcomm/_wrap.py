@@ -125,7 +125,7 @@ def wrap(
         raise ValueError("dearcomm: this optimizer is already wrapped; pass the original torch optimizer")
     _check_parameters(module, optimizer)
 
-    _check_same_model_on_every_rank(module, options.process_group)
+    _check_same_model_on_every_rank(module, options)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
@@ -164,12 +164,32 @@ def _signature(module: nn.Module) -> List[Entry]:
             + [("buffer", n, tuple(b.shape), str(b.dtype), None) for n, b in module.named_buffers()])
 
 
-def _check_same_model_on_every_rank(module: nn.Module, group: Optional[dist.ProcessGroup]) -> None:
+def _layout_options(options: WrapOptions) -> dict:
+    """The options every rank must share: they decide the buckets and collectives."""
+    blocks = {name: [int(n) for n in pieces] for name, pieces in (options.blocks or {}).items()}
+    return dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
+                partition_mb=options.partition_mb, blocks=blocks, credit_mb=options.credit_mb,
+                comm_dtype=str(options.comm_dtype))
+
+
+def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions) -> None:
     """A rank with another model would pair up other tensors in the broadcast, or
-    wait in it until the timeout; one all-gather of the signatures lets every
-    rank raise the same error at once instead."""
-    everyone: List[Optional[List[Entry]]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, _signature(module), group=group)
+    wait in it until the timeout, and one with other buckets or schedule would
+    issue other collectives; one all-gather of the signatures and those options
+    lets every rank raise the same error at once instead."""
+    group = options.process_group
+    everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (_signature(module), _layout_options(options)), group=group)
+    differing = [r for r, theirs in enumerate(everyone) if theirs[1] != everyone[0][1]]
+    if differing:
+        other = differing[0]
+        changed = {k: (v, everyone[other][1][k]) for k, v in everyone[0][1].items() if everyone[other][1][k] != v}
+        raise ValueError(
+            f"dearcomm: [rank {dist.get_rank(group)}] rank {other} passed other wrap() options than rank 0 (ranks "
+            f"that differ: {differing}): " + ", ".join(f"{k}={a!r} on rank 0 but {b!r} on rank {other}"
+                                                      for k, (a, b) in changed.items())
+            + ". Every rank must pass the same options: they decide the collectives.")
+    everyone = [signature for signature, _ in everyone]
     differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
     if differing:
         other = differing[0]

@@ -23,7 +23,7 @@ if [ -n "${PY:-}" ]; then
   # The GPU image's CC/CXX (/opt/gcc) built an extension that carried its own
   # copy of libstdc++'s stream code and crashed formatting the first number of
   # an error message; the system compiler links the libstdc++ torch uses.
-  if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
+  if [ -x /usr/bin/g++ ] && [ -x /usr/bin/gcc ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
   step env DEARCOMM_CUDA=1 MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # torchrun's workers import the in-place build
 else
@@ -36,7 +36,9 @@ gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 echo "GPUs visible: $gpus"
 # One GPU runs everything at world size 1; tests that need two GPUs say so and skip.
 # One pytest per file: a crash in one (a segfault kills pytest) hides no other file's results.
-for file in $(grep -l "requires_gpu\|mark.gpu" tests/test_*.py); do
+files=$(grep -l "requires_gpu\|mark.gpu" tests/test_*.py)
+[ -n "$files" ] || { echo "### FAILED: no GPU test files found"; status=1; }
+for file in $files; do
   step "$PY" -m pytest -m gpu -v -rs --durations=5 "$file"
 done
 step "$PY" -m torch.distributed.run --nproc_per_node="$gpus" benchmarks/collectives.py --backend nccl --dtypes fp32 bf16

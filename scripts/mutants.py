@@ -4,7 +4,8 @@ Each scripts/mutants/NN-name.patch plants one small, realistic bug in csrc/ or
 dearcomm/. Its header names the bug and the tests that must catch it:
 
     # bug: what is wrong
-    # tests: pytest arguments (files or node ids)
+    # tests: pytest arguments (files or node ids; no -k: the baseline runs every
+    # mutant's tests in one pytest command)
 
 For every patch, in a scratch copy of the tree (never the working tree): apply
 it, rebuild dearcomm._C (CPU part only) if it touches csrc/, run its tests

@@ -127,6 +127,10 @@ def misuse_worker(rank, world_size):
         model.extra = nn.Linear(2, 2)
         one_step(model, optimizer, rank, world_size)
 
+    def options_differ_between_ranks():
+        model = MixedNet()  # a planner run on each rank chose other pieces: other collectives, a hang
+        dearcomm.wrap(model, sgd(model), blocks={"fc.weight": [64 * (rank + 1), 260 - 64 * (rank + 1)]})
+
     def blocks_unknown_name():
         model = MixedNet()
         dearcomm.wrap(model, sgd(model), blocks={"embed.weights": [119]})
@@ -160,6 +164,9 @@ MISUSE = {
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
     "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
+    "options_differ_between_ranks": ("ValueError", r"rank 1 passed other wrap\(\) options than rank 0 \(ranks that "
+                                                   r"differ: \[1\]\): blocks=\{'fc.weight': \[64, 196\]\} on rank 0 "
+                                                   r"but \{'fc.weight': \[128, 132\]\} on rank 1"),
     "blocks_unknown_name": ("ValueError", r"blocks names \['embed.weights'\], which are not trainable parameters"),
     "blocks_wrong_sum": ("ValueError", r"blocks\['embed.weight'\] add up to 128 elements, but the parameter has 119"),
     "blocks_misaligned": ("ValueError", r"blocks\['embed.weight'\] has pieces of \[60\] elements; every piece but "

@@ -107,10 +107,11 @@ def test_cuda_events_are_pooled():
 def _buffers_outlive_their_backends(rank, world_size):
     import gc
 
-    from dearcomm import _C, _cuda
+    from dearcomm import _C, _C_cuda, _cuda
 
     device = torch.device("cuda", torch.cuda.current_device())
     kept = []
+    streams_before = _C_cuda.comm_streams_created()
     for _ in range(3):  # later backends reuse the first one's stream
         backend = _cuda.nccl_backend(dist.group.WORLD, device, dist.default_pg_timeout)
         buffer = torch.ones(1 << 20, device=device)
@@ -122,15 +123,16 @@ def _buffers_outlive_their_backends(rank, world_size):
     kept.clear()  # freed after their backends: the allocator records an event on each one's stream
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    return total
+    return total, _C_cuda.comm_streams_created() - streams_before
 
 
 def test_buffers_freed_after_their_backend_is_dropped():
     """Guards against destroying the communication stream with the backend:
     the caching allocator later records events on it for every buffer it
     was recorded on, which crashed workers at exit (SIGSEGV, no result)."""
-    for rank, total in enumerate(run_workers(_buffers_outlive_their_backends, WORLD, backend="nccl")):
+    for rank, (total, streams) in enumerate(run_workers(_buffers_outlive_their_backends, WORLD, backend="nccl")):
         assert total == 3 * (1 << 20) * WORLD, f"rank {rank}: {total}"
+        assert streams == 1, f"rank {rank}: {streams} streams for 3 backends one after another (not reused)"
 
 
 def threads():

@@ -43,7 +43,7 @@ CONFIGS = [
 
 
 def uneven_blocks(model, world_size):
-    """Every parameter of at least three partition units in pieces of 1, 2 and
+    """Every parameter of more than three partition units in pieces of 1, 2 and
     the rest of the units, as a planner with unequal block sizes would."""
     blocks = {}
     for name, p in model.named_parameters():

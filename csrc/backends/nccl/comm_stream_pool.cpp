@@ -14,6 +14,7 @@ namespace {
 struct Pool {
   std::mutex mutex;
   std::map<c10::DeviceIndex, std::vector<cudaStream_t>> idle;
+  int64_t created = 0;
 };
 
 Pool& pool() {
@@ -21,9 +22,7 @@ Pool& pool() {
   return *p;
 }
 
-}  // namespace
-
-c10::cuda::CUDAStream acquire_comm_stream(c10::DeviceIndex device) {
+c10::cuda::CUDAStream take(c10::DeviceIndex device) {
   {
     Pool& p = pool();
     const std::lock_guard<std::mutex> lock(p.mutex);
@@ -34,6 +33,11 @@ c10::cuda::CUDAStream acquire_comm_stream(c10::DeviceIndex device) {
       return c10::cuda::getStreamFromExternal(stream, device);
     }
   }
+  {
+    Pool& p = pool();
+    const std::lock_guard<std::mutex> lock(p.mutex);
+    p.created += 1;
+  }
   const c10::cuda::CUDAGuard guard(device);
   int least = 0, greatest = 0;
   DEARCOMM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -42,10 +46,24 @@ c10::cuda::CUDAStream acquire_comm_stream(c10::DeviceIndex device) {
   return c10::cuda::getStreamFromExternal(stream, device);
 }
 
-void release_comm_stream(const c10::cuda::CUDAStream& stream) {
+}  // namespace
+
+PooledStream::PooledStream(c10::DeviceIndex device) : stream_(take(device)) {}
+
+PooledStream::~PooledStream() {
+  const c10::cuda::CUDAGuard guard(stream_.device_index());
+  if (cudaStreamQuery(stream_.stream()) != cudaSuccess) {
+    return;  // work still on it (or the device failed): never handed out again
+  }
   Pool& p = pool();
   const std::lock_guard<std::mutex> lock(p.mutex);
-  p.idle[stream.device_index()].push_back(stream.stream());
+  p.idle[stream_.device_index()].push_back(stream_.stream());
+}
+
+int64_t comm_streams_created() {
+  Pool& p = pool();
+  const std::lock_guard<std::mutex> lock(p.mutex);
+  return p.created;
 }
 
 }  // namespace dearcomm

@@ -140,7 +140,7 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
       timeout_(timeout),
       debug_(NcclDebugOptions::from_environment()),
       on_failure_(on_failure_from_environment()),
-      stream_(acquire_comm_stream(device)),
+      stream_(device),
       events_(make_cuda_event_pool(device)) {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
   const c10::cuda::CUDAGuard guard(device_);
@@ -206,11 +206,7 @@ NcclBackend::~NcclBackend() {
                  "(or its stream failed); the NCCL communicator was aborted\n", rank_,
                  static_cast<long long>(timeout_.count()));
   }
-  // Never destroyed (Note [Stream lifetime]); one with work stuck on it is
-  // not handed to the next backend either.
-  if (outcome != Teardown::kAbortedAfterGrace && cudaStreamQuery(stream_.stream()) == cudaSuccess) {
-    release_comm_stream(stream_);
-  }
+  // stream_ goes back to the pool with this object, if idle (Note [Stream lifetime]).
 }
 
 std::string NcclBackend::name() const {
@@ -245,7 +241,7 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
   }
   for (const at::Tensor& t : touched) {
     // Note [Buffer lifetime]
-    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_.get());
   }
   if (debug_.stream_delay_cycles > 0) {
     DEARCOMM_CUDA_CHECK(kernels::spin(debug_.stream_delay_cycles, stream_.stream()));

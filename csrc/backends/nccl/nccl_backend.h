@@ -38,6 +38,7 @@
 #include "../../common/handle_pool.h"
 #include "../../common/watchdog.h"
 #include "../../engine/comm_backend.h"
+#include "comm_stream_pool.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
@@ -96,7 +97,7 @@ class NcclBackend final : public CommBackend {
   const std::chrono::milliseconds timeout_;
   const NcclDebugOptions debug_;
   const OnFailure on_failure_;
-  c10::cuda::CUDAStream stream_;
+  PooledStream stream_;  // declared before comm_: goes back to the pool after it is destroyed
   ncclComm_t comm_ = nullptr;
   std::timed_mutex nccl_mutex_;  // held by every NCCL call on comm_ (Note [Failure])
   bool aborted_ = false;         // guarded by nccl_mutex_; once set, no NCCL call starts
