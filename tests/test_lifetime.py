@@ -46,9 +46,19 @@ def test_thirty_wrap_train_drop_cycles_keep_memory_and_threads_flat():
     at once.)"""
     for rank, (samples, alive) in enumerate(run_workers(cycles_worker, 2, deadline=300)):
         assert not any(alive), f"rank {rank}: objects outlived their model in {sum(map(bool, alive))} of {CYCLES} cycles"
-        (rss10, threads10), (rss30, threads30) = samples[9], samples[-1]
-        growth = (rss30 - rss10) / 2**20
-        # A leaked engine costs >= 8 MiB (parameters + gradient buckets); the
-        # allocator's own noise stays well under 20 MiB over 20 cycles.
-        assert growth < 20, f"rank {rank}: memory grew {growth:.1f} MiB over 20 cycles ({samples})"
+        (_, threads10), (_, threads30) = samples[9], samples[-1]
+        # A leaked engine costs >= 8 MiB a cycle (parameters + gradient
+        # buckets), every cycle. The allocator's noise is steps, not a trend: a
+        # one-time 20 MiB step (a gloo thread's new malloc arena) was seen in CI,
+        # a slope of 0.95 MiB a cycle. So the test is the trend over the last 21.
+        slope = trend_mib_per_cycle([rss for rss, _ in samples[9:]])
+        assert slope < 3, f"rank {rank}: memory grew {slope:.2f} MiB a cycle over 20 cycles ({samples})"
         assert threads30 <= threads10, f"rank {rank}: threads grew from {threads10} to {threads30}"
+
+
+def trend_mib_per_cycle(rss):
+    """Least-squares slope of the samples, in MiB per cycle."""
+    n = len(rss)
+    mean_x, mean_y = (n - 1) / 2, sum(rss) / n
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(rss))
+    return covariance / sum((x - mean_x) ** 2 for x in range(n)) / 2**20
