@@ -166,7 +166,7 @@ def _signature(module: nn.Module) -> List[Entry]:
 
 def _layout_options(options: WrapOptions) -> dict:
     """The options every rank must share: they decide the buckets and collectives."""
-    blocks = {name: [int(n) for n in pieces] for name, pieces in (options.blocks or {}).items()}
+    blocks = {name: list(pieces) for name, pieces in (options.blocks or {}).items()}  # already plain ints
     return dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
                 partition_mb=options.partition_mb, blocks=blocks, credit_mb=options.credit_mb,
                 comm_dtype=str(options.comm_dtype))

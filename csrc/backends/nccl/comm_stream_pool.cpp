@@ -32,10 +32,6 @@ c10::cuda::CUDAStream take(c10::DeviceIndex device) {
       idle.pop_back();
       return c10::cuda::getStreamFromExternal(stream, device);
     }
-  }
-  {
-    Pool& p = pool();
-    const std::lock_guard<std::mutex> lock(p.mutex);
     p.created += 1;
   }
   const c10::cuda::CUDAGuard guard(device);
