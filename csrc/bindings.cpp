@@ -118,10 +118,10 @@ py::list as_python(const std::vector<Op>& ops) {
 // at each event, as [(event, [(collective, bucket), ...]), ...].
 py::dict policy_ops(const std::string& schedule, const std::string& update,
                     const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& eligible_order,
-                    int64_t credit_bytes) {
+                    int64_t credit_bytes, const std::vector<int64_t>& drained) {
   std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update, credit_bytes);
   py::list events;
-  policy->begin_iteration(bucket_bytes);
+  policy->begin_iteration(bucket_bytes, drained);
   for (int64_t bucket : eligible_order) {
     events.append(py::make_tuple("eligible " + std::to_string(bucket), as_python(policy->on_eligible(bucket))));
   }
@@ -133,6 +133,7 @@ py::dict policy_ops(const std::string& schedule, const std::string& update,
   out["reduction"] = to_string(policy->reduction());
   out["finish_reductions_at_end_of_backward"] = policy->finish_reductions_at_end_of_backward();
   out["finish_reductions_in_forward"] = policy->finish_reductions_in_forward();
+  out["uses_link_model"] = policy->uses_link_model();
   return out;
 }
 
@@ -142,7 +143,9 @@ PYBIND11_MODULE(_C, m) {
   register_testing(m);
   m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
       py::arg("bucket_bytes"), py::arg("eligible_order"), py::arg("credit_bytes") = 0,
-      "The ops a schedule policy returns at each event of one iteration (no processes, no tensors).");
+      py::arg("drained") = std::vector<int64_t>{},
+      "The ops a schedule policy returns at each event of one iteration (no processes, no tensors); "
+      "`drained`: the link model, bytes the link sends before each eligibility event (empty: none).");
   m.def("schedules", &schedules,
         "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
         "default_update}, ...].");
@@ -283,6 +286,9 @@ PYBIND11_MODULE(_C, m) {
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)
       .def_property_readonly("prefetch_misses", &Engine::prefetch_misses)
+      .def_property_readonly("link_model", &Engine::link_model,
+          "Bytes the link is taken to send before each eligibility event of the current backward, as every "
+          "rank agreed (a queueing schedule's credit runs on it); [] where there is none yet.")
       .def("set_tracing", &Engine::set_tracing, py::arg("on"))
       .def("take_trace", [](Engine& engine) {
         py::list out;

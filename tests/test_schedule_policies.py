@@ -15,9 +15,9 @@ B = 4
 BACKWARD = [3, 2, 1, 0]  # eligibility order: descending bucket index, as the engine reports it
 
 
-def ops_by_event(schedule, update, num_buckets=B, bucket_bytes=100, credit_bytes=0):
+def ops_by_event(schedule, update, num_buckets=B, bucket_bytes=100, credit_bytes=0, drained=()):
     result = _C._testing.policy_ops(schedule, update, [bucket_bytes] * num_buckets,
-                                    list(reversed(range(num_buckets))), credit_bytes)
+                                    list(reversed(range(num_buckets))), credit_bytes, list(drained))
     return dict(result["events"]), result
 
 
@@ -87,33 +87,95 @@ def test_every_policy_reduces_each_bucket_once_after_it_is_eligible(schedule, up
     assert sorted(reduced) == list(range(num_buckets))
 
 
+def default_policy(name):
+    return _C._testing.policy_ops(name, REGISTRY[name]["default_update"], [100], [0])
+
+
 def test_bytescheduler_all_reduces_under_its_credit_and_leaves_them_to_the_next_forward():
-    events, result = ops_by_event("bytescheduler", "replicated")  # default credit: 64 MiB per tick
+    events, result = ops_by_event("bytescheduler", "replicated")  # default credit: 64 MiB in flight
     assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
     assert events["end_of_backward"] == [] and events["step"] == []
     assert result["reduction"] == "all_reduce" and result["update_strategy"] == "replicated_before_use"
     assert result["finish_reductions_at_end_of_backward"] is False
     assert result["finish_reductions_in_forward"] is True  # step() does not wait: cross-iteration overlap
+    assert result["uses_link_model"] is True
+    assert not any(default_policy(name)["uses_link_model"] for name in ("dear", "wfbp"))
 
 
 def test_bytescheduler_queue_lets_a_more_urgent_bucket_overtake():
-    """Guards the priority queue: buckets of 100 bytes, a credit of 50 per
-    tick. Bucket 3 (ready first) waits for credit; bucket 2, ready at the next
-    tick, is more urgent and goes first; bucket 0 overtakes 1 and 3 likewise;
-    what is left goes when backward ends, input side first."""
-    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=50)
-    assert [events[f"eligible {b}"] for b in BACKWARD] == [[], [("all_reduce", 2)], [], [("all_reduce", 0)]]
-    assert events["end_of_backward"] == [("all_reduce", 1), ("all_reduce", 3)]
+    """Guards the priority queue: buckets of 100 bytes, 150 may be in flight.
+    Bucket 3 goes at once; bucket 2 does not fit beside it and waits; by
+    bucket 1's tick the link drained bucket 3, and bucket 1, more urgent,
+    overtakes 2; bucket 0 does not fit beside 1 and waits; what is left goes
+    when backward ends, input side first."""
+    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=150, drained=[0, 0, 100, 0])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [], [("all_reduce", 1)], []]
+    assert events["end_of_backward"] == [("all_reduce", 0), ("all_reduce", 2)]
 
 
-def test_bytescheduler_credit_unused_while_idle_is_lost_and_big_buckets_wait_for_enough():
-    # 300-byte buckets, 100 per tick: nothing fits before the third tick.
-    events, _ = ops_by_event("bytescheduler", "replicated", bucket_bytes=300, credit_bytes=100)
-    assert [events[f"eligible {b}"] for b in BACKWARD] == [[], [], [("all_reduce", 1)], []]
-    assert events["end_of_backward"] == [("all_reduce", 0), ("all_reduce", 2), ("all_reduce", 3)]
-    # A credit that covers every bucket: each goes when ready, as in WFBP.
-    events, _ = ops_by_event("bytescheduler", "replicated", bucket_bytes=300, credit_bytes=300)
+def test_bytescheduler_credit_bounds_bytes_in_flight_as_the_link_model_drains_them():
+    # A link that drains 60 bytes between ticks, 200 bytes of credit: 3 goes;
+    # 2 fits beside the 40 left of it; 1 waits (140 + 100 > 200) until the
+    # next tick, when 80 are left; 0 then waits behind it (180 + 100 > 200).
+    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=200, drained=[0, 60, 60, 60])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [
+        [("all_reduce", 3)], [("all_reduce", 2)], [("all_reduce", 1)], []]
+    assert events["end_of_backward"] == [("all_reduce", 0)]
+    # A link that keeps up (drains a bucket per tick): each goes when ready, as in WFBP.
+    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=100, drained=[0, 100, 100, 100])
     assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
+    # A link that drains nothing during backward: only the first goes, the rest input side first at its end.
+    events, _ = ops_by_event("bytescheduler", "replicated", credit_bytes=150, drained=[0, 0, 0, 0])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [], [], []]
+    assert events["end_of_backward"] == [("all_reduce", b) for b in range(3)]
+
+
+def test_bytescheduler_without_a_link_model_takes_the_link_to_keep_up():
+    """No model yet (the first iterations) or a backend without completion
+    times: the link is taken to send everything between ticks, so each tick
+    releases up to a credit's worth, and a bucket bigger than the credit goes
+    alone when nothing is in flight (never stuck)."""
+    events, _ = ops_by_event("bytescheduler", "replicated", bucket_bytes=300, credit_bytes=100)
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
+    assert events["end_of_backward"] == []
+
+
+def in_flight_after(in_flight, drained):
+    return max(0, in_flight - drained)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bytescheduler_queue_invariants_under_random_links(seed):
+    """Whatever the sizes, credit and link model: every bucket is reduced
+    once; at each tick the modelled bytes in flight stay within the credit
+    unless a single bucket went onto an idle link; nothing goes while a more
+    urgent bucket waits; and a tick leaves nothing waiting that would fit."""
+    import random
+    rng = random.Random(seed)
+    num_buckets = rng.randint(1, 12)
+    sizes = [rng.randint(1, 1000) for _ in range(num_buckets)]
+    credit = rng.randint(1, 2000)
+    drained = [0] + [rng.choice([0, rng.randint(0, 800), 10**9]) for _ in range(num_buckets - 1)]
+    order = list(reversed(range(num_buckets)))
+    result = _C._testing.policy_ops("bytescheduler", "replicated", sizes, order, credit, drained)
+    events = result["events"]
+    in_flight, waiting, reduced = 0, [], []
+    for tick, (b, (event, ops)) in enumerate(zip(order, events)):
+        assert event == f"eligible {b}"
+        in_flight = in_flight_after(in_flight, drained[tick])
+        waiting.append(b)
+        started_idle = in_flight == 0
+        for kind, bucket in ops:
+            assert kind == "all_reduce" and bucket == min(waiting), f"tick {tick}: {bucket} went before {min(waiting)}"
+            waiting.remove(bucket)
+            in_flight += sizes[bucket]
+            reduced.append(bucket)
+        assert not ops or in_flight <= credit or (started_idle and len(ops) == 1), f"tick {tick}: {in_flight} > {credit}"
+        if waiting:
+            assert in_flight > 0 and in_flight + sizes[min(waiting)] > credit, f"tick {tick}: {min(waiting)} fits"
+    end = dict(events)["end_of_backward"]
+    assert [bucket for _, bucket in end] == sorted(waiting)
+    assert sorted(reduced + sorted(waiting)) == list(range(num_buckets))
 
 
 def test_a_credit_is_refused_where_the_schedule_has_none():

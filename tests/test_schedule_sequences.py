@@ -18,9 +18,10 @@ from tests.multiprocess import run_workers
 
 SIZES = [300, 200, 100, 50, 25, 12, 7]  # forward order
 CAP_BYTES = 1200                        # -> buckets [300], [200, 100], [50, 25, 12, 7] after bucket 0
-# (schedule, update, credit bytes): bytescheduler with its default credit (every
-# all-reduce goes when ready) and with a credit of 400 bytes per tick, under
-# which buckets queue and overtake each other.
+# (schedule, update, credit bytes): bytescheduler with its default credit and
+# with 400 bytes, less than a bucket. One iteration has no link model yet (it
+# is agreed from the second backward on), so the link is taken to keep up and
+# each all-reduce goes when ready either way; test_link_model_* below runs more.
 SCHEDULES = [("dear", "sharded", 0), ("dear", "replicated", 0), ("wfbp", "replicated", 0),
              ("bytescheduler", "replicated", 0), ("bytescheduler", "replicated", 400)]
 
@@ -78,11 +79,11 @@ EXPECTED = {
     # step() leaves the all-reduces running; the forward waits for each bucket's.
     ("bytescheduler", "replicated", 0): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
                                          lambda B: [("all_reduce", b) for b in reversed(range(B))]),
-    # Buckets of 1280, 1280 and 512 bytes (world size 2; 1344, 1344, 576 at 3),
-    # 400 bytes of credit per tick: none is covered before backward ends, and
-    # then the input side goes first, the reverse of WFBP's order.
+    # Buckets of 1280, 1280 and 512 bytes (world size 2; 1344, 1344, 576 at
+    # 3), 400 bytes of credit, no link model yet: each goes alone onto a link
+    # taken to have sent the previous one.
     ("bytescheduler", "replicated", 400): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
-                                           lambda B: [("all_reduce", b) for b in range(B)]),
+                                           lambda B: [("all_reduce", b) for b in reversed(range(B))]),
 }
 
 
@@ -115,3 +116,56 @@ def test_ranks_with_different_gradient_orders_issue_identical_collectives(world_
         name = f"{schedule}-{update}-{credit}"
         sequences = [per_schedule[name][2] for per_schedule in results]
         assert all(s == sequences[0] for s in sequences), f"{name}: {sequences}"
+
+
+BIG_SIZES = [2**20, 2**20, 2**20, 2**20]  # 4 MiB each: one bucket per tensor under a 4 MiB cap
+ITERATIONS = 5
+
+
+def link_model_worker(rank, world_size):
+    """bytescheduler over several iterations, one bucket of credit, the ranks'
+    backwards paced differently (rank 1 sleeps between gradients): what each
+    rank issues, and the link model each backward ran on."""
+    import time
+    layout = _C.plan_buckets(BIG_SIZES, [torch.float32] * len(BIG_SIZES), 4 * 2**20, world_size)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in BIG_SIZES]
+    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(BIG_SIZES))], dist.group.WORLD,
+                       "bytescheduler", "replicated", 60.0, credit_bytes=4 * 2**20)
+    engine.set_tracing(True)
+    models, sequences = [], []
+    for _ in range(ITERATIONS):
+        for i, p in enumerate(reversed(range(len(BIG_SIZES)))):
+            if rank == 1 and i:
+                time.sleep(0.003)
+            engine.mark_grad_ready(p, torch.ones(BIG_SIZES[p]))
+            if i == 0:
+                models.append(list(engine.link_model))  # what this backward's policy got
+        engine.start_gathers()
+        for b in range(len(layout.buckets)):
+            engine.require_bucket(b)
+        trace = sorted(engine.take_trace(), key=lambda e: e["launched_ns"])
+        sequences.append([(e["kind"], e["bucket"]) for e in trace])
+    engine.flush()
+    return len(layout.buckets), models, sequences
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identical(world_size):
+    """Guards the credit's link model: each rank measures its own rate and
+    tick spacing, but the policy must get the same figures everywhere, or
+    ranks with differently paced backwards would queue differently and pair
+    the wrong all-reduces. No model for the first two backwards (iteration
+    0's rate is known only in iteration 1's forward and agreed at its end)."""
+    results = run_workers(link_model_worker, world_size)
+    buckets, models, sequences = results[0]
+    assert buckets == len(BIG_SIZES)
+    for rank, (_, other_models, other_sequences) in enumerate(results):
+        assert other_models == models, f"rank {rank} ran on another link model: {other_models} vs {models}"
+        assert other_sequences == sequences, f"rank {rank} issued {other_sequences} vs {sequences}"
+    assert models[0] == [] and models[1] == []
+    for model in models[2:]:
+        assert len(model) == buckets and model[0] == 0, model
+        # Rank 1 slept 3 ms before every later tick: the mean gap is >= 3 ms / world_size.
+        assert all(drained > 0 for drained in model[1:]), model
+    for sequence in sequences:
+        assert sorted(sequence) == [("all_reduce", b) for b in range(buckets)]

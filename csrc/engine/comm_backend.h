@@ -35,6 +35,9 @@ class CommBackend {
   virtual std::string name() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // Whether its collectives report completed_ns() (the link model needs it),
+  // and its buffers can be read on the host right after wait().
+  virtual bool reports_completion_times() const { return false; }
 
   // Sums `input` (world_size equal chunks) over all ranks and leaves chunk
   // `rank` of the sum in `output`. `input` must not change until wait().

@@ -117,6 +117,10 @@ Engine::Engine(BucketLayout layout,
     }
     update_->allocate(bucket, spec, rank);
   }
+  if (policy_->uses_link_model() && backend_->reports_completion_times()) {
+    link_meter_ = std::make_unique<LinkMeter>(static_cast<int64_t>(buckets_.size()));
+    link_figures_ = at::zeros({link_meter_->num_figures()}, params_.front().options().dtype(at::kLong));
+  }
 }
 
 void Engine::allocate_flat_buffers() {
@@ -248,7 +252,11 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
     backward_ended_ = false;
     packed_params_ = 0;
     state_ = IterationState::kBackward;
-    policy_->begin_iteration(bucket_bytes_);
+    if (link_meter_) {
+      finish_link_agreement();
+      link_meter_->begin_backward();
+    }
+    policy_->begin_iteration(bucket_bytes_, link_model_);
   }
   TORCH_CHECK(!grad_ready_[param],
       "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
@@ -282,6 +290,9 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       break;
     }
     next_eligible_ += 1;
+    if (link_meter_) {
+      link_meter_->tick(now_ns());
+    }
     issue(policy_->on_eligible(b));
   }
 }
@@ -315,6 +326,33 @@ void Engine::end_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     TORCH_CHECK(buckets_[b].pending, "dearcomm: the schedule policy never issued the reduction of bucket ", b);
   }
+  if (link_meter_) {
+    start_link_agreement();
+  }
+}
+
+// After every reduction of this backward, in the same place on every rank.
+void Engine::start_link_agreement() {
+  const std::vector<int64_t> figures = link_meter_->figures();
+  std::copy(figures.begin(), figures.end(), link_figures_.data_ptr<int64_t>());
+  link_pending_ = backend_->all_reduce(link_figures_);
+}
+
+void Engine::finish_link_agreement() {
+  if (!link_pending_) {
+    return;
+  }
+  try {
+    link_pending_->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    link_pending_.reset();
+    TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the all-reduce of the link model (",
+        link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
+  }
+  link_pending_.reset();
+  const int64_t* summed = link_figures_.data_ptr<int64_t>();
+  link_model_ = link_meter_->model(std::vector<int64_t>(summed, summed + link_meter_->num_figures()),
+                                   backend_->world_size());
 }
 
 std::vector<int64_t> Engine::missing_grads() const {
@@ -392,7 +430,7 @@ void Engine::start_reduction(int64_t b) {
     bucket.pending = backend_->all_reduce(bucket.grads);
   }
   bucket.state = BucketState::kReducing;
-  bucket.launched_ns = tracing_ ? now_ns() : -1;
+  bucket.launched_ns = tracing_ || link_meter_ ? now_ns() : -1;
 }
 
 // ---- step ----------------------------------------------------------------
@@ -425,6 +463,9 @@ void Engine::finish_reduction(int64_t b) {
       fail_collective(scattered ? "reduce-scatter" : "all-reduce", b, e);
     }
     trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
+    if (link_meter_) {
+      link_meter_->reduction_done(bucket.launched_ns, bucket.pending->completed_ns(), bucket_bytes_[b]);
+    }
   }
   bucket.pending.reset();
   // Average: what pack did not divide already (fp16 divides before the sum).
@@ -647,6 +688,9 @@ void Engine::require_bucket(int64_t b) {
 }
 
 void Engine::flush() {
+  if (state_ != IterationState::kBackward && link_meter_) {
+    finish_link_agreement();  // nothing left in flight
+  }
   if (state_ != IterationState::kGathering) {
     return;
   }

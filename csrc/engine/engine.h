@@ -33,6 +33,7 @@
 #include "bucket_layout.h"
 #include "buffers.h"
 #include "comm_backend.h"
+#include "link_meter.h"
 #include "schedule/policy.h"
 
 #include <ATen/core/Tensor.h>
@@ -192,6 +193,9 @@ class Engine {
   IterationState state() const { return state_; }
   BucketState bucket_state(int64_t bucket) const;
   const CommBackend& backend() const { return *backend_; }
+  // The link model this backward's policy got (bytes drained before each
+  // tick, engine/link_meter.h); empty where there is none.
+  const std::vector<int64_t>& link_model() const { return link_model_; }
 
  private:
   struct Bucket;
@@ -247,6 +251,15 @@ class Engine {
   int64_t prefetch_misses_ = 0;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
   std::vector<int64_t> bucket_bytes_;  // per bucket, in its communication dtype: what the policy weighs
+  // Policies that queue under a credit (uses_link_model) on a backend that
+  // reports completion times: the meter, its all-reduce (issued at the end of
+  // a backward, waited for at the next one's start) and the agreed model.
+  std::unique_ptr<LinkMeter> link_meter_;
+  at::Tensor link_figures_;
+  std::unique_ptr<PendingCollective> link_pending_;
+  std::vector<int64_t> link_model_;
+  void start_link_agreement();
+  void finish_link_agreement();
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

@@ -1,8 +1,14 @@
 #include "schedule/op_queue.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 
 namespace dearcomm {
+
+OpQueue::OpQueue(int64_t credit_bytes) : credit_(credit_bytes) {
+  TORCH_CHECK_VALUE(credit_bytes > 0, "dearcomm: the credit must be > 0 bytes, got ", credit_bytes);
+}
 
 void OpQueue::push(const Op& op, int64_t priority, int64_t bytes) {
   const Entry entry{op, priority, bytes, next_sequence_++};
@@ -12,34 +18,33 @@ void OpQueue::push(const Op& op, int64_t priority, int64_t bytes) {
   queued_.insert(later, entry);
 }
 
-std::vector<Op> OpQueue::tick(int64_t credit) {
-  available_ = credit > INT64_MAX - available_ ? INT64_MAX : available_ + credit;
+std::vector<Op> OpQueue::tick(int64_t drained) {
+  TORCH_CHECK(drained >= 0, "dearcomm: a tick drained ", drained, " bytes");
+  in_flight_ = drained >= in_flight_ ? 0 : in_flight_ - drained;
   std::vector<Op> out;
   size_t taken = 0;
-  while (taken < queued_.size() && queued_[taken].bytes <= available_) {
-    available_ -= queued_[taken].bytes;
+  while (taken < queued_.size() && (in_flight_ == 0 || queued_[taken].bytes <= credit_ - in_flight_)) {
+    in_flight_ += queued_[taken].bytes;
     out.push_back(queued_[taken].op);
     ++taken;
   }
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
-  if (queued_.empty()) {
-    available_ = 0;
-  }
   return out;
 }
 
 std::vector<Op> OpQueue::release_all() {
   std::vector<Op> out;
   for (const Entry& entry : queued_) {
+    in_flight_ += entry.bytes;
     out.push_back(entry.op);
   }
-  clear();
+  queued_.clear();
   return out;
 }
 
 void OpQueue::clear() {
   queued_.clear();
-  available_ = 0;
+  in_flight_ = 0;
 }
 
 }  // namespace dearcomm

@@ -45,8 +45,17 @@ class SchedulePolicy {
   virtual Collective reduction() const = 0;
 
   // A backward begins: reset per-iteration state (queues). `bucket_bytes`:
-  // each bucket's size in its communication dtype (the same on every rank).
-  virtual void begin_iteration(const std::vector<int64_t>& bucket_bytes) { (void)bucket_bytes; }
+  // each bucket's size in its communication dtype. `drained[k]`: the bytes
+  // the link is taken to send between the (k-1)-th and the k-th eligibility
+  // event of this backward (the link model, engine/link_meter.h); empty
+  // where there is none yet. Both are the same on every rank.
+  virtual void begin_iteration(const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& drained) {
+    (void)bucket_bytes;
+    (void)drained;
+  }
+  // Whether begin_iteration reads `drained`: the executor measures the link
+  // and agrees on the model with the other ranks only for such a policy.
+  virtual bool uses_link_model() const { return false; }
   // Backward: bucket `bucket` is *eligible*, i.e. it and every bucket after it
   // (canonical backward order: descending index) are complete on this rank.
   // The executor derives eligibility, so every rank sees the same sequence of
