@@ -289,6 +289,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("link_model", &Engine::link_model,
           "Bytes the link is taken to send before each eligibility event of the current backward, as every "
           "rank agreed (a queueing schedule's credit runs on it); [] where there is none yet.")
+      .def("pin_link_model", &Engine::pin_link_model, py::arg("drained"), release(),
+          "Tests: run every later backward on this link model (bytes drained before each eligibility event), "
+          "measuring nothing; on every rank, outside a backward.")
       .def("set_tracing", &Engine::set_tracing, py::arg("on"))
       .def("take_trace", [](Engine& engine) {
         py::list out;

@@ -46,12 +46,14 @@ class WrapOptions:
     others are bucketed as usual. Every rank must pass the same blocks."""
 
     credit_mb: Optional[float] = None
-    """schedule="bytescheduler" only: the credit, in MiB, that each point of
-    backward where a bucket becomes ready returns (as if the network had sent
-    that much since the last one; see csrc/schedule/op_queue.h). Queued
-    all-reduces go, most urgent (nearest the input) first, when the credit
-    covers them; the rest wait in the queue, where a more urgent one can still
-    overtake them, and all go when backward ends. Small: more reordering;
+    """schedule="bytescheduler" only: the credit, in MiB: how many bytes of
+    all-reduces may be in flight. A ready all-reduce goes, most urgent
+    (nearest the input) first, when it fits beside those in flight (or the
+    link is idle); the rest wait in the queue, where a more urgent one can
+    still overtake them, and all go when backward ends. The bytes in flight
+    are modelled from a link rate and tick spacing that every rank measures
+    and all agree on (csrc/engine/link_meter.h), from the third backward on;
+    until then every all-reduce goes when ready. Small: more reordering;
     large: all-reduces go as soon as ready, as in WFBP. None: 64 MiB (16 M
     fp32 parameters, the paper's recommendation for all-reduce)."""
 

@@ -30,10 +30,11 @@ CONFIGS = [
     for optim, (schedule, update), (bucket_mb, partition_mb) in itertools.product(
         ["sgd", "adamw"], SCHEDULES, BUCKETINGS)
 ] + [
-    # A credit of one byte: one all-reduce per ready bucket, the rest queued
-    # until backward ends and then issued input side first.
+    # A credit of one byte on a link pinned to drain nothing during backward
+    # (from step 1): one all-reduce goes, the rest queue until backward ends
+    # and then go input side first.
     dict(optim=optim, schedule="bytescheduler", update="replicated", bucket_mb=0.0, partition_mb=partition_mb,
-         credit_mb=1 / 2**20)
+         credit_mb=1 / 2**20, stalled_link=True)
     for optim, partition_mb in itertools.product(["sgd", "adamw"], [None, 1 / 2**20])
 ] + [
     # A planner's explicit pieces (US-Byte's unequal blocks): see uneven_blocks.
@@ -57,6 +58,7 @@ def uneven_blocks(model, world_size):
 def config_id(cfg):
     partition = f"-partition{cfg['partition_mb'] * 2**20:g}B" if cfg.get("partition_mb") else ""
     credit = f"-credit{cfg['credit_mb'] * 2**20:g}B" if cfg.get("credit_mb") else ""
+    credit += "-stalled-link" if cfg.get("stalled_link") else ""
     blocks = f"-{cfg['blocks']}-blocks" if cfg.get("blocks") else ""
     return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}{credit}{blocks}"
 
@@ -99,6 +101,9 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
         F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
         optimizer.step()
         scheduler.step()
+        if step == 0 and cfg.get("stalled_link"):
+            engine = model._dear.engine
+            engine.pin_link_model([0] * len(engine.layout.buckets))
         if step == 0 and cfg.get("partition_mb"):
             slots = model._dear.engine.layout.params
             assert any(s.last_bucket > s.bucket for s in slots), "partitioning split no parameter"

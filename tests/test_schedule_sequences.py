@@ -169,3 +169,26 @@ def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identica
         assert all(drained > 0 for drained in model[1:]), model
     for sequence in sequences:
         assert sorted(sequence) == [("all_reduce", b) for b in range(buckets)]
+
+
+def pinned_link_worker(rank, world_size):
+    layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
+    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(SIZES))], dist.group.WORLD,
+                       "bytescheduler", "replicated", 60.0, credit_bytes=1)
+    engine.pin_link_model([0] * len(layout.buckets))
+    engine.set_tracing(True)
+    for p in arrival_order(rank):
+        engine.mark_grad_ready(p, torch.ones(SIZES[p]))
+    engine.start_gathers()
+    for b in range(len(layout.buckets)):
+        engine.require_bucket(b)
+    return [(e["kind"], e["bucket"]) for e in sorted(engine.take_trace(), key=lambda e: e["launched_ns"])]
+
+
+def test_a_link_that_drains_nothing_queues_every_later_all_reduce_until_backward_ends():
+    """The queued path that test_parity's stalled-link configs train on: the
+    first all-reduce goes onto the idle link, the others wait and then go
+    input side first, the reverse of WFBP's order."""
+    for sequence in run_workers(pinned_link_worker, 2):
+        assert sequence == [("all_reduce", 2), ("all_reduce", 0), ("all_reduce", 1)], sequence

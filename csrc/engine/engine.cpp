@@ -338,6 +338,18 @@ void Engine::start_link_agreement() {
   link_pending_ = backend_->all_reduce(link_figures_);
 }
 
+void Engine::pin_link_model(std::vector<int64_t> drained) {
+  TORCH_CHECK_VALUE(policy_->uses_link_model(), "dearcomm: this schedule has no credit and no link model");
+  TORCH_CHECK_VALUE(drained.size() == buckets_.size(), "dearcomm: a link model has one entry per bucket (",
+      buckets_.size(), "), got ", drained.size());
+  TORCH_CHECK(state_ != IterationState::kBackward, "dearcomm: the link model cannot change during a backward");
+  if (link_meter_) {
+    finish_link_agreement();  // issued by every rank: wait for it before dropping the meter
+    link_meter_.reset();
+  }
+  link_model_ = std::move(drained);
+}
+
 void Engine::finish_link_agreement() {
   if (!link_pending_) {
     return;

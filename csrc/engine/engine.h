@@ -196,6 +196,10 @@ class Engine {
   // The link model this backward's policy got (bytes drained before each
   // tick, engine/link_meter.h); empty where there is none.
   const std::vector<int64_t>& link_model() const { return link_model_; }
+  // Tests: every later backward runs on `drained` (one entry per bucket)
+  // instead of a measured model; no more measuring or agreeing. Call it on
+  // every rank, with the same figures, outside a backward.
+  void pin_link_model(std::vector<int64_t> drained);
 
  private:
   struct Bucket;
