@@ -82,11 +82,13 @@ def wrap(
             {parameter name: element counts of its consecutive pieces}, one
             bucket each; all but the last a multiple of
             dearcomm._C.partition_unit(world_size, dtype). Default: none.
-        credit_mb: schedule="bytescheduler" only: MiB of queued all-reduces issued
-            per ready bucket during backward (default 64). Only a credit below
-            the partition size reorders: on a slow link, partition_mb=4 with
-            credit_mb=1 or 2 was fastest (docs/benchmarks.md); the defaults
-            (the paper's sizes) leave the queue empty.
+        credit_mb: schedule="bytescheduler" only: MiB of all-reduces that may be
+            in flight (default 64, the paper's); more wait in a priority queue,
+            input side first. In flight is modelled from a link rate and tick
+            spacing all ranks measure and agree on, from the third backward on.
+            It reorders only where the partitions are well below the model's
+            size: on a slow link partition_mb=4 with credit_mb=4 to 16 was
+            fastest (docs/benchmarks.md); the defaults leave the queue empty.
         schedule: "dear" (default), "wfbp" or "bytescheduler".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
