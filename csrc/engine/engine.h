@@ -15,8 +15,9 @@
 // backward returns, the user's optimizer updates full parameters in step(),
 // nothing in forward.
 //
-// Schedule "bytescheduler": AR(bucket) as a priority queue under a credit
-// releases them during backward (the rest when it ends, input side first);
+// Schedule "bytescheduler": AR(bucket) as a priority queue under a credit on
+// bytes in flight releases them during backward (the rest when it ends, input
+// side first; in flight per the link model every rank agrees on, link_meter.h);
 // step() waits for nothing; forward: module of bucket b -> wait AR(b), update
 // the parameters all of whose buckets are reduced. (schedule/*.cpp say what
 // each schedule decides.)
