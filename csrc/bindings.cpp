@@ -146,6 +146,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("drained") = std::vector<int64_t>{},
       "The ops a schedule policy returns at each event of one iteration (no processes, no tensors); "
       "`drained`: the link model, bytes the link sends before each eligibility event (empty: none).");
+  py::class_<LinkMeter>(m.attr("_testing").cast<py::module>(), "LinkMeter",
+      "engine/link_meter.h on its own: one rank's measurements and the model from summed figures.")
+      .def(py::init<int64_t>(), py::arg("num_ticks"))
+      .def("begin_backward", &LinkMeter::begin_backward)
+      .def("tick", &LinkMeter::tick, py::arg("now_ns"))
+      .def("reduction_done", &LinkMeter::reduction_done, py::arg("launched_ns"), py::arg("completed_ns"),
+           py::arg("bytes"))
+      .def("figures", &LinkMeter::figures)
+      .def("model", &LinkMeter::model, py::arg("summed"), py::arg("world_size"));
   m.def("schedules", &schedules,
         "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
         "default_update}, ...].");

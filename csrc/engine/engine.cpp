@@ -333,6 +333,7 @@ void Engine::end_backward() {
 
 // After every reduction of this backward, in the same place on every rank.
 void Engine::start_link_agreement() {
+  TORCH_CHECK(!link_pending_, "dearcomm: the link model's last all-reduce was never waited for");
   const std::vector<int64_t> figures = link_meter_->figures();
   std::copy(figures.begin(), figures.end(), link_figures_.data_ptr<int64_t>());
   link_pending_ = backend_->all_reduce(link_figures_);
@@ -343,6 +344,9 @@ void Engine::pin_link_model(std::vector<int64_t> drained) {
   TORCH_CHECK_VALUE(drained.size() == buckets_.size(), "dearcomm: a link model has one entry per bucket (",
       buckets_.size(), "), got ", drained.size());
   TORCH_CHECK(state_ != IterationState::kBackward, "dearcomm: the link model cannot change during a backward");
+  for (int64_t bytes : drained) {
+    TORCH_CHECK_VALUE(bytes >= 0, "dearcomm: a link model drains >= 0 bytes per tick, got ", bytes);
+  }
   if (link_meter_) {
     finish_link_agreement();  // issued by every rank: wait for it before dropping the meter
     link_meter_.reset();
@@ -434,6 +438,8 @@ void Engine::start_reduction(int64_t b) {
       grad = grad_views_[p];
     }
   }
+  // Stamped before the launch: a small collective may complete before it returns.
+  bucket.launched_ns = tracing_ || link_meter_ ? now_ns() : -1;
   if (reduction_ == Collective::kReduceScatter) {
     DEARCOMM_RANGE("reduce_scatter", b);
     bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
@@ -442,7 +448,6 @@ void Engine::start_reduction(int64_t b) {
     bucket.pending = backend_->all_reduce(bucket.grads);
   }
   bucket.state = BucketState::kReducing;
-  bucket.launched_ns = tracing_ || link_meter_ ? now_ns() : -1;
 }
 
 // ---- step ----------------------------------------------------------------
@@ -701,7 +706,7 @@ void Engine::require_bucket(int64_t b) {
 
 void Engine::flush() {
   if (state_ != IterationState::kBackward && link_meter_) {
-    finish_link_agreement();  // nothing left in flight
+    finish_link_agreement();  // sync() and eval leave nothing of the last backward in flight
   }
   if (state_ != IterationState::kGathering) {
     return;

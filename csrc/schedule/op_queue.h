@@ -36,7 +36,6 @@ class OpQueue {
   // overtake it).
   std::vector<Op> release_all();
   bool empty() const { return queued_.empty(); }
-  int64_t bytes_in_flight() const { return in_flight_; }
   // A new iteration: nothing queued, nothing in flight.
   void clear();
 
