@@ -35,12 +35,23 @@ def arrival_order(rank):
     return order
 
 
-def one_iteration(rank, world_size, schedule, update, credit):
-    layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
-    params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
-    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(SIZES))], dist.group.WORLD, schedule, update,
+def traced_engine(sizes, cap_bytes, world_size, schedule, update, credit):
+    """An engine over fp32 parameters of `sizes`, tracing its collectives."""
+    layout = _C.plan_buckets(sizes, [torch.float32] * len(sizes), cap_bytes, world_size)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
+    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(sizes))], dist.group.WORLD, schedule, update,
                        60.0, credit_bytes=credit)
     engine.set_tracing(True)
+    return layout, engine
+
+
+def issued(engine):
+    """The traced collectives since the last call, in launch order."""
+    return [(e["kind"], e["bucket"]) for e in sorted(engine.take_trace(), key=lambda e: e["launched_ns"])]
+
+
+def one_iteration(rank, world_size, schedule, update, credit):
+    layout, engine = traced_engine(SIZES, CAP_BYTES, world_size, schedule, update, credit)
     states = [str(engine.state).split(".")[-1]]
 
     def note():
@@ -62,8 +73,7 @@ def one_iteration(rank, world_size, schedule, update, credit):
     for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
         engine.require_bucket(b)
         note()
-    collectives = sorted(engine.take_trace(), key=lambda e: e["launched_ns"])
-    return len(layout.buckets), states, [(e["kind"], e["bucket"]) for e in collectives], engine.prefetch_misses
+    return len(layout.buckets), states, issued(engine), engine.prefetch_misses
 
 
 EXPECTED = {
@@ -127,11 +137,7 @@ def link_model_worker(rank, world_size):
     backwards paced differently (rank 1 sleeps between gradients): what each
     rank issues, and the link model each backward ran on."""
     import time
-    layout = _C.plan_buckets(BIG_SIZES, [torch.float32] * len(BIG_SIZES), 4 * 2**20, world_size)
-    params = [torch.nn.Parameter(torch.randn(n)) for n in BIG_SIZES]
-    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(BIG_SIZES))], dist.group.WORLD,
-                       "bytescheduler", "replicated", 60.0, credit_bytes=4 * 2**20)
-    engine.set_tracing(True)
+    layout, engine = traced_engine(BIG_SIZES, 4 * 2**20, world_size, "bytescheduler", "replicated", 4 * 2**20)
     models, sequences = [], []
     for _ in range(ITERATIONS):
         for i, p in enumerate(reversed(range(len(BIG_SIZES)))):
@@ -143,8 +149,7 @@ def link_model_worker(rank, world_size):
         engine.start_gathers()
         for b in range(len(layout.buckets)):
             engine.require_bucket(b)
-        trace = sorted(engine.take_trace(), key=lambda e: e["launched_ns"])
-        sequences.append([(e["kind"], e["bucket"]) for e in trace])
+        sequences.append(issued(engine))
     engine.flush()
     return len(layout.buckets), models, sequences
 
@@ -172,18 +177,14 @@ def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identica
 
 
 def pinned_link_worker(rank, world_size):
-    layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
-    params = [torch.nn.Parameter(torch.randn(n)) for n in SIZES]
-    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(SIZES))], dist.group.WORLD,
-                       "bytescheduler", "replicated", 60.0, credit_bytes=1)
+    layout, engine = traced_engine(SIZES, CAP_BYTES, world_size, "bytescheduler", "replicated", 1)
     engine.pin_link_model([0] * len(layout.buckets))
-    engine.set_tracing(True)
     for p in arrival_order(rank):
         engine.mark_grad_ready(p, torch.ones(SIZES[p]))
     engine.start_gathers()
     for b in range(len(layout.buckets)):
         engine.require_bucket(b)
-    return [(e["kind"], e["bucket"]) for e in sorted(engine.take_trace(), key=lambda e: e["launched_ns"])]
+    return issued(engine)
 
 
 def test_a_link_that_drains_nothing_queues_every_later_all_reduce_until_backward_ends():

@@ -358,14 +358,13 @@ void Engine::finish_link_agreement() {
   if (!link_pending_) {
     return;
   }
+  const std::unique_ptr<PendingCollective> pending = std::move(link_pending_);  // waited for once, either way
   try {
-    link_pending_->wait(options_.timeout);
+    pending->wait(options_.timeout);
   } catch (const std::exception& e) {
-    link_pending_.reset();
     TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the all-reduce of the link model (",
         link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
   }
-  link_pending_.reset();
   const int64_t* summed = link_figures_.data_ptr<int64_t>();
   link_model_ = link_meter_->model(std::vector<int64_t>(summed, summed + link_meter_->num_figures()),
                                    backend_->world_size());
@@ -636,9 +635,9 @@ void Engine::start_gather(int64_t b) {
   Bucket& bucket = buckets_[b];
   DEARCOMM_RANGE("all_gather", b);
   const auto [input, output] = update_->gather(bucket);
+  bucket.launched_ns = tracing_ ? now_ns() : -1;  // before the launch, as start_reduction's
   bucket.pending = backend_->all_gather(input, output);
   bucket.state = BucketState::kGathering;
-  bucket.launched_ns = tracing_ ? now_ns() : -1;
   next_gather_ = b + 1;
 }
 
@@ -705,9 +704,7 @@ void Engine::require_bucket(int64_t b) {
 }
 
 void Engine::flush() {
-  if (state_ != IterationState::kBackward && link_meter_) {
-    finish_link_agreement();  // sync() and eval leave nothing of the last backward in flight
-  }
+  finish_link_agreement();  // sync() and eval leave nothing of the last backward in flight
   if (state_ != IterationState::kGathering) {
     return;
   }
