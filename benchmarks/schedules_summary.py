@@ -24,6 +24,13 @@ def load(paths):
     return rows
 
 
+def first_module_ar(run):
+    """T_AR of the input-side module's buckets; files older than that figure
+    hold bucket 0's alone (marked so)."""
+    comm = run["comm_ms"]
+    return f"{comm['ar_m0']:.0f}" if "ar_m0" in comm else f"{comm['ar0']:.0f} (bucket 0)"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+")
@@ -37,7 +44,7 @@ def main():
         ar = runs["ddp"]["comm_ms"]["ar"]
         ratio = ar / pieces["bwd"]
         bound = ratio > 1
-        others = {n: r for n, r in runs.items() if n != "ddp"}
+        others = {n: r for n, r in runs.items() if not n.startswith("ddp")}  # ddp+gather is a control
         best = max(others, key=lambda n: others[n]["speedup_vs_ddp"])
         worst = min(others, key=lambda n: others[n]["speedup_vs_ddp"])
         if bound:
@@ -51,11 +58,11 @@ def main():
                 f"load {d.get('loadavg_start', [0])[0]:.1f}-{d.get('loadavg_end', [0])[0]:.1f}; {verdict}")
         if args.markdown:
             print(f"\n**{head}**\n")
-            print("| run | median ms | p10–p90 | speedup vs DDP | ideal ms | efficiency | CPU ms/iter | T_AR(b0) |")
+            print("| run | median ms | p10–p90 | speedup vs DDP | ideal ms | efficiency | CPU ms/iter | T_AR(m0) |")
             print("|---|---|---|---|---|---|---|---|")
             for n, r in runs.items():
                 print(f"| {n} | {r['median_ms']:.0f} | {r['p10_ms']:.0f}–{r['p90_ms']:.0f} | {r['speedup_vs_ddp']:.2f}x | "
-                      f"{r['ideal_ms']:.0f} | {r['efficiency']:.2f} | {r['cpu_ms']:.0f} | {r['comm_ms']['ar0']:.0f} |")
+                      f"{r['ideal_ms']:.0f} | {r['efficiency']:.2f} | {r['cpu_ms']:.0f} | {first_module_ar(r)} |")
         else:
             print(head)
             for n, r in runs.items():
@@ -74,7 +81,7 @@ def wide(files):
     for d in files:
         runs, pieces = d["runs"], d["pieces_ms"]
         ratio = runs["ddp"]["comm_ms"]["ar"] / pieces["bwd"]
-        others = {n: r["speedup_vs_ddp"] for n, r in runs.items() if n != "ddp"}
+        others = {n: r["speedup_vs_ddp"] for n, r in runs.items() if not n.startswith("ddp")}
         if ratio > 1:
             best = max(others, key=others.get)
             target = f"comm-bound: best {best} {others[best]:.2f}x: " + ("met" if others[best] >= 1.15 else "**missed**")

@@ -18,11 +18,13 @@ the collectives of all buckets launched back to back, alone: T_RS, T_AG, T_AR.
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
   ideal of ddp / wfbp          T_fwd + max(T_bwd, T_AR) + T_step
   ideal of dear                max(T_fwd, T_AG) + max(T_bwd, T_RS) + T_step(shard or full)
-  ideal of bytescheduler       max(T_fwd + T_bwd + T_step + T_AR(b0), T_AR)
+  ideal of bytescheduler       max(T_fwd + T_bwd + T_step + T_AR(m0), T_AR)
 T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning changes
-it); T_AR(b0) is the all-reduce of the input-side bucket alone (benchmarks/README.md
-derives the bytescheduler ideal). efficiency = ideal / measured (1.0: the schedule
+it); T_AR(m0) is the all-reduce, alone, of every bucket holding part of the input-side
+module's parameters: the next forward cannot start before all of them are reduced
+(benchmarks/README.md derives the bytescheduler ideal). efficiency = ideal / measured (1.0: the schedule
 hides all it can); speedup = DDP's median / the run's (> 1: faster than DDP).
+Phases: each run's median forward+loss, backward and zero_grad+step wall time.
 CPU: this process's CPU time (all threads, gloo's included) per iteration, and the
 machine's softirq time (kernel packet work, charged to no process) per iteration.
 Each rank gets cores/ranks torch threads. Times are medians; the slowest rank counts.
@@ -50,7 +52,12 @@ from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_
 
 SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              "dear-sharded": ("dear", "sharded"), "dear-replicated": ("dear", "replicated"),
-             "bytescheduler": ("bytescheduler", "replicated")}
+             "bytescheduler": ("bytescheduler", "replicated"),
+             # A control, not a schedule: DDP plus the bytes dear all-gathers, sent
+             # with torch.distributed beside DDP's forward and waited at its end.
+             # What moving them during the forward costs on this machine, without
+             # any of dearcomm's scheduling (no per-module waits, no updates).
+             "ddp+gather": ("ddp", "gather")}
 
 
 def parse_run(spec):
@@ -78,7 +85,7 @@ def run_names(args):
     names = []
     for base in args.schedules:
         names.append(base)
-        if base == "ddp":
+        if SCHEDULES[base][0] == "ddp":
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
@@ -169,9 +176,18 @@ def plan_layout(args, model):
                            int(args.bucket_mb * 2**20), dist.get_world_size())
 
 
-def measure_collectives(args, layout):
+def first_module_buckets(layout, model):
+    """How many buckets (from bucket 0) hold part of the first module's
+    parameters: the first module in registration order (= forward order for
+    benchmarks/models.py) that has parameters of its own."""
+    owner = next(m for m in model.modules() if any(True for _ in m.parameters(recurse=False)))
+    count = len(list(owner.parameters(recurse=False)))
+    return 1 + max(layout.params[i].last_bucket for i in range(count))
+
+
+def measure_collectives(args, layout, model):
     """All buckets' RS, AG and AR, each kind launched back to back and waited, alone;
-    the all-reduce of bucket 0 (input side) alone; process CPU during each."""
+    the all-reduce of the first module's buckets (m0) alone; process CPU during each."""
     backend = _C.process_group_backend(dist.group.WORLD)
     full = [torch.zeros(b.padded_numel) for b in layout.buckets]
     shards = [torch.zeros(b.shard_numel) for b in layout.buckets]
@@ -181,15 +197,16 @@ def measure_collectives(args, layout):
             pending = [_C.reduce_scatter(backend, f, s) for f, s in zip(reversed(full), reversed(shards))]
         elif kind == "ag":
             pending = [_C.all_gather(backend, s, f) for f, s in zip(full, shards)]
-        elif kind == "ar0":
-            pending = [_C.all_reduce(backend, full[0])]
+        elif kind == "ar_m0":
+            pending = [_C.all_reduce(backend, f) for f in full[:m0]]
         else:
             pending = [_C.all_reduce(backend, f) for f in reversed(full)]
         for h in pending:
             h.wait()
 
+    m0 = first_module_buckets(layout, model)
     out = {}
-    for kind in ("rs", "ag", "ar", "ar0"):
+    for kind in ("rs", "ag", "ar", "ar_m0"):
         run(kind)
         dist.barrier()
         cpu = []
@@ -197,7 +214,8 @@ def measure_collectives(args, layout):
         out[f"cpu_{kind}"] = slowest(cpu[0])
     out["buckets"] = len(layout.buckets)
     out["bytes"] = sum(b.numel for b in layout.buckets) * 4
-    out["b0_bytes"] = layout.buckets[0].numel * 4
+    out["m0_buckets"] = m0
+    out["m0_bytes"] = sum(b.numel for b in layout.buckets[:m0]) * 4
     return out
 
 
@@ -210,9 +228,31 @@ def build(name, args):
     model = make(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if schedule == "ddp":
-        return DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb), optimizer
+        ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+        if update == "gather":
+            gather_beside_forward(ddp, plan_layout(args, model))
+        return ddp, optimizer
     return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
                          partition_mb=partition, credit_mb=credit)
+
+
+def gather_beside_forward(ddp, layout):
+    """ddp+gather: at each forward's start, all-gathers of dear's buckets
+    (unpartitioned layout) go out asynchronously; the forward's end waits for them."""
+    world = dist.get_world_size()
+    buffers = [(torch.zeros(b.shard_numel), [torch.zeros(b.shard_numel) for _ in range(world)])
+               for b in layout.buckets]
+    pending = []
+
+    def start(module, inputs):
+        pending.extend(dist.all_gather(out, shard, async_op=True) for shard, out in buffers)
+
+    def finish(module, inputs, output):
+        while pending:
+            pending.pop(0).wait()
+
+    ddp.register_forward_pre_hook(start)
+    ddp.register_forward_hook(finish)
 
 
 def settle(model):
@@ -222,15 +262,28 @@ def settle(model):
         model.sync()
 
 
-def iteration(model, optimizer, x, y, timeline=None):
+PHASES = ("forward", "backward", "step")
+
+
+def iteration(model, optimizer, x, y, timeline=None, phases=None):
+    """One training iteration; with `phases` (a dict of lists), appends each
+    phase's wall seconds (forward+loss, backward, zero_grad+step): where a
+    schedule's waits land (dear's all-gathers in forward, reductions in step)."""
     span = timeline.span if timeline else (lambda *a: contextlib.nullcontext())
+    t0 = time.perf_counter()
     optimizer.zero_grad()
     with span("compute", "forward+loss"):
+        t1 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
     with span("compute", "backward"):
+        t2 = time.perf_counter()
         loss.backward()
     with span("compute", "step"):
+        t3 = time.perf_counter()
         optimizer.step()
+    if phases is not None:
+        for name, seconds in zip(PHASES, (t2 - t1, t3 - t2, time.perf_counter() - t3 + t1 - t0)):
+            phases[name].append(seconds)
 
 
 def record_timeline(args, runs, x, y, label):
@@ -240,7 +293,7 @@ def record_timeline(args, runs, x, y, label):
         model, optimizer = runs[name]
         settle(model)
         timeline = Timeline().attach(model)
-        if name == "ddp":
+        if isinstance(model, DistributedDataParallel):
             model.register_comm_hook(None, timeline.ddp_comm_hook)
         iteration(model, optimizer, x, y)  # the first traced iteration starts clean
         timeline.clear()
@@ -266,7 +319,8 @@ def main():
     parser.add_argument("--model-args", nargs="*", default=[], help="constructor overrides, e.g. width=1024 depth=6")
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
-    parser.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES))
+    parser.add_argument("--schedules", nargs="+", choices=list(SCHEDULES),
+                        default=[name for name in SCHEDULES if name != "ddp+gather"])
     parser.add_argument("--partition-mb", type=float, nargs="*", default=[],
                         help="add a /pP variant of every dearcomm schedule for each P")
     parser.add_argument("--credit-mb", type=float, nargs="*", default=[],
@@ -306,7 +360,7 @@ def main():
         layout = runtime.engine.layout if runtime is not None else plan_layout(args, probe)
         layouts.setdefault(layout_key(layout), layout)
         comm_of[name] = layout_key(layout)
-    comm = {key: measure_collectives(args, layout) for key, layout in layouts.items()}
+    comm = {key: measure_collectives(args, layout, probe) for key, layout in layouts.items()}
     base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
         comm[comm_of[names[0]]]
     label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
@@ -315,6 +369,7 @@ def main():
     times = {name: [] for name in runs}
     cpus = {name: [] for name in runs}
     sirq = {name: [] for name in runs}
+    phases = {name: {phase: [] for phase in PHASES} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
         for _ in range(args.rounds):
@@ -324,7 +379,7 @@ def main():
                 iteration(model, optimizer, x, y)  # untimed: the steady state has the last step's comm in flight
                 for _ in range(args.iters):
                     m0, c0, start = machine_ms(), time.process_time(), time.perf_counter()
-                    iteration(model, optimizer, x, y)
+                    iteration(model, optimizer, x, y, phases=phases[name])
                     times[name].append(time.perf_counter() - start)
                     cpus[name].append(time.process_time() - c0)
                     sirq[name].append(machine_ms()[1] - m0[1])
@@ -342,14 +397,15 @@ def main():
         elif schedule == "dear":
             step = pieces["step_shard"] if update == "sharded" else pieces["step"]
             ideal = max(pieces["fwd"], c["ag"]) + max(pieces["bwd"], c["rs"]) + step
-        else:  # bytescheduler: comm hides behind backward and the next forward, except bucket 0's
-            ideal = max(compute + c["ar0"], c["ar"])
+        else:  # bytescheduler: comm hides behind backward and the next forward, except the first module's
+            ideal = max(compute + c["ar_m0"], c["ar"])
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
-                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar0")})
+                          phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
+                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")})
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
@@ -362,24 +418,25 @@ def main():
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
-            print(f"  {c['buckets']:>3} buckets, b0 {c['b0_bytes'] / 2**20:5.1f} MiB: T_RS {ms(c['rs'])} (cpu {ms(c['cpu_rs'])})"
+            print(f"  {c['buckets']:>3} buckets, m0 {c['m0_buckets']} of {c['m0_bytes'] / 2**20:4.1f} MiB: T_RS {ms(c['rs'])} (cpu {ms(c['cpu_rs'])})"
                   f"  T_AG {ms(c['ag'])} (cpu {ms(c['cpu_ag'])})  T_AR {ms(c['ar'])} (cpu {ms(c['cpu_ar'])})"
-                  f"  T_AR(b0) {ms(c['ar0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
+                  f"  T_AR(m0) {ms(c['ar_m0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
-              f"{'cpu ms':>8}{'sirq ms':>8}")
+              f"{'cpu ms':>8}{'sirq ms':>8}   fwd / bwd / step ms")
         for name, r in rows.items():
             vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
             print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
-                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}", flush=True)
+                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}   "
+                  + " / ".join(f"{r['phases_ms'][k]:.1f}" for k in PHASES), flush=True)
     if args.timeline:
         record_timeline(args, runs, x, y, label)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
                                args=vars(args), loadavg_start=load0, loadavg_end=load1,
                                pieces_ms={k: 1e3 * v for k, v in pieces.items()},
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
-                                        {k: (1e3 * v if k in ("rs", "ag", "ar", "ar0") or k.startswith("cpu") else v)
+                                        {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},
                                lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))
     for model, _ in runs.values():
