@@ -154,11 +154,24 @@ def test_a_large_tensor_is_split_into_partition_sized_buckets():
     assert "(split)" in layout.describe() and "(cont.)" in layout.describe()
 
 
-def test_small_tensors_fuse_up_to_the_partition_and_the_split_continues():
+def test_small_tensors_fuse_up_to_the_partition_and_one_that_does_not_fit_starts_the_next():
     # No fusion cap (inf), partition 64 floats at world size 1 (unit 16).
-    layout = plan_partitioned([20, 20, 40], 2**62, 1, 64 * 4)
-    assert [(s.bucket, s.offset, s.last_bucket) for s in layout.params] == [(0, 0, 0), (0, 24, 0), (0, 48, 1)]
-    assert [b.numel for b in layout.buckets] == [64, 24]  # the third tensor: 16 elements here, 24 in bucket 1
+    layout = plan_partitioned([20, 20, 40, 8], 2**62, 1, 64 * 4)
+    assert [(s.bucket, s.offset, s.last_bucket) for s in layout.params] == [(0, 0, 0), (0, 24, 0), (1, 0, 1),
+                                                                           (1, 40, 1)]
+    assert [b.numel for b in layout.buckets] == [44, 48]  # 40 fits a partition: never cut, it moves on
+
+
+def test_a_large_tensor_starts_its_own_buckets_and_the_next_module_does_not_share_them():
+    """widein's shape (a 16-partition first weight, its bias, a 4-partition
+    weight): before, the bias opened a bucket that the next weight's head
+    filled, so the first module waited for that weight too."""
+    part = 4096  # floats; unit at world size 4 is 64
+    layout = plan_partitioned([10, 4 * part, 1024, part, 1024, 3 * part + 100], 2**62, 4, part * 4)
+    assert [(s.bucket, s.last_bucket) for s in layout.params] == [(0, 0), (1, 4), (5, 5), (6, 6), (7, 7), (8, 11)]
+    assert [b.numel for b in layout.buckets] == [10] + [part] * 4 + [1024, part, 1024] + [part] * 3 + [100]
+    first_module = range(layout.params[1].bucket, layout.params[2].last_bucket + 1)  # weight 1 and its bias 2
+    assert sum(layout.buckets[b].numel for b in first_module) == 4 * part + 1024
 
 
 def test_each_dtype_has_its_own_flat_buffer():

@@ -33,7 +33,13 @@ class Planner {
       open(param, dtype);
     }
     int64_t offset = round_up(open_spec_.numel, kParamAlignElements);
-    if (offset >= partition_numel_) {  // the gap alone reaches the partition: start afresh
+    if (offset > 0 && offset + numel > partition_numel_) {
+      // It does not fit in what is left: it starts the next bucket, so a
+      // partition boundary never cuts a parameter that fits in one, and a
+      // larger one's parts are its own. Else the module before it would wait
+      // for the head of this one (e.g. the first layer's bias sharing a bucket
+      // with most of the second layer's weight), and this one for the tail of
+      // the bucket before.
       close();
       open(param, dtype);
       offset = 0;

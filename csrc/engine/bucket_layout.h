@@ -91,9 +91,12 @@ constexpr int64_t kNoPartition = INT64_MAX;
 // the end of a parameter once it holds at least `bucket_cap_bytes` (0: one
 // bucket per parameter; bucket 0: see kFirstBucketCapBytes), or when the next
 // parameter has another dtype (a bucket is one flat tensor). With
-// `partition_bytes`, no bucket holds more: a parameter that would pass that
-// size is split, and the rest continues in the next bucket (ByteScheduler's
-// tensor partitioning). Split points are multiples of world_size shard
+// `partition_bytes`, no bucket holds more: a parameter that does not fit in
+// what is left of the open bucket starts the next one, and one larger than a
+// partition is split into partition-sized parts from there, the rest
+// continuing in the bucket after (ByteScheduler's tensor partitioning; small
+// parameters still fuse). So a bucket never mixes part of a large parameter
+// with the parameters before it. Split points are multiples of world_size shard
 // alignments (partition_unit), so the split bucket needs no padding and its
 // neighbour continues the parameter contiguously; partition_bytes is rounded
 // down to that unit (at least one unit).
