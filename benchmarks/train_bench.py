@@ -179,9 +179,11 @@ def plan_layout(args, model):
 def first_module_buckets(layout, model):
     """How many buckets (from bucket 0) hold part of the first module's
     parameters: the first module in registration order (= forward order for
-    benchmarks/models.py) that has parameters of its own."""
-    owner = next(m for m in model.modules() if any(True for _ in m.parameters(recurse=False)))
-    count = len(list(owner.parameters(recurse=False)))
+    benchmarks/models.py) that has trainable parameters of its own. For gpt
+    that is the root's position table alone: the 8 MiB token embedding the
+    forward needs next is not counted, so its bytescheduler ideal is optimistic."""
+    owner = next(m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False)))
+    count = sum(p.requires_grad for p in owner.parameters(recurse=False))
     return 1 + max(layout.params[i].last_bucket for i in range(count))
 
 
@@ -238,7 +240,9 @@ def build(name, args):
 
 def gather_beside_forward(ddp, layout):
     """ddp+gather: at each forward's start, all-gathers of dear's buckets
-    (unpartitioned layout) go out asynchronously; the forward's end waits for them."""
+    (unpartitioned layout) go out asynchronously; the forward's end waits for them.
+    The hooks are on the inner module: DDP's own buffer broadcast (BatchNorm
+    statistics) runs before them, so it never queues behind the all-gathers."""
     world = dist.get_world_size()
     buffers = [(torch.zeros(b.shard_numel), [torch.zeros(b.shard_numel) for _ in range(world)])
                for b in layout.buckets]
@@ -251,8 +255,8 @@ def gather_beside_forward(ddp, layout):
         while pending:
             pending.pop(0).wait()
 
-    ddp.register_forward_pre_hook(start)
-    ddp.register_forward_hook(finish)
+    ddp.module.register_forward_pre_hook(start)
+    ddp.module.register_forward_hook(finish)
 
 
 def settle(model):

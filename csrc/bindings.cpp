@@ -201,7 +201,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("world_size"), py::arg("partition_bytes") = kNoPartition,
         py::arg("blocks") = std::vector<std::vector<int64_t>>{},
         "Plans fused buckets over parameters given in forward order (pure; no process group). With "
-        "partition_bytes, no bucket is larger: parameters are split at multiples of partition_unit(). "
+        "partition_bytes, no bucket is larger: a parameter that does not fit in what is left starts the next "
+        "bucket, and one larger than a partition is split into partition-sized parts (multiples of "
+        "partition_unit()). "
         "blocks (none, or a list per parameter, empty for most): a parameter's explicit pieces in elements, "
         "one bucket each (a planner's sizes).");
   m.def("partition_unit", [](int64_t world_size, const py::handle& dtype) {

@@ -27,10 +27,10 @@ class WrapOptions:
     start-up latency; smaller ones start communication earlier. 25 is DDP's default."""
 
     partition_mb: Optional[float] = None
-    """Partition size in MiB: no bucket is larger, so a tensor that would pass it
-    is split and its parts are communicated as separate buckets (ByteScheduler's
+    """Partition size in MiB: no bucket is larger, so a tensor larger than it is
+    split into parts of that size, each a bucket of its own (ByteScheduler's
     tensor partitioning; a large tensor's first parts can go out, or be used,
-    before the rest). Split points fall on multiples of world_size x 64 bytes
+    before the rest); smaller tensors fuse up to it and are never cut. Split points fall on multiples of world_size x 64 bytes
     (_C.partition_unit), so the size is rounded down to that (at least one
     unit). None (default): the schedule's default: 32 MiB (8 M fp32 parameters,
     the ByteScheduler paper's recommendation for all-reduce) for

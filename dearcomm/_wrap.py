@@ -74,9 +74,10 @@ def wrap(
             update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...).
         bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor;
             float("inf") = no cap.
-        partition_mb: if set, no bucket is larger: a tensor that would pass it is
-            split, its parts communicated as separate buckets (ByteScheduler's
-            partitioning). Default None: the schedule's own (32 MiB for
+        partition_mb: if set, no bucket is larger: a tensor larger than it is
+            split into parts of that size, each a bucket of its own
+            (ByteScheduler's partitioning); smaller tensors fuse up to it and
+            are never cut. Default None: the schedule's own (32 MiB for
             "bytescheduler"; never split for the others).
         blocks: explicit pieces from a planner (US-Byte's unequal blocks):
             {parameter name: element counts of its consecutive pieces}, one

@@ -131,6 +131,7 @@ def test_partitions_cover_every_element_once_and_stay_under_the_size(world_size,
     assert sorted(covered_elements(layout)) == [(p, i) for p, n in enumerate(numels) for i in range(n)]
     offset = 0
     for b, bucket in enumerate(layout.buckets):
+        assert bucket.numel > 0
         assert bucket.padded_numel <= limit
         assert bucket.buffer == 0 and bucket.buffer_offset == offset  # one flat buffer, consecutive ranges
         offset += bucket.padded_numel
@@ -140,6 +141,10 @@ def test_partitions_cover_every_element_once_and_stay_under_the_size(world_size,
     assert layout.buffer_numels == [offset]
     for p, slot in enumerate(layout.params):
         assert slot.offset % 8 == 0 and slot.bucket <= slot.last_bucket
+        if numels[p] <= limit:
+            assert slot.bucket == slot.last_bucket, f"parameter {p} fits in a partition but was cut"
+        else:
+            assert slot.offset == 0, f"parameter {p} is split but does not start its own bucket"
         spans = [b for b in range(len(layout.buckets)) if any(x.param == p for x in layout.pieces(b, 0, 2**62))]
         assert spans == list(range(slot.bucket, slot.last_bucket + 1))
 

@@ -23,7 +23,8 @@ SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated")
 # (bucket_mb, partition_mb): one bucket per tensor, a few tensors per bucket,
 # the default; partitions smaller than the largest tensors (400 bytes, fused up
 # to that), and the smallest partition (1 byte: one partition unit, world_size
-# x 16 floats), which splits most tensors at odd offsets into many buckets.
+# x 16 floats), which splits every tensor larger than that into many buckets
+# whose last part has an odd size.
 BUCKETINGS = [(0.0, None), (SMALL_BUCKET_MB, None), (25.0, None), (25.0, 400 / 2**20), (0.0, 1 / 2**20)]
 CONFIGS = [
     dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb)
