@@ -24,6 +24,12 @@ def load(paths):
     return rows
 
 
+def dearcomm_runs(runs):
+    """The runs the targets judge: every dearcomm schedule, not DDP nor the
+    ddp+gather control."""
+    return {n: r for n, r in runs.items() if not n.startswith("ddp")}
+
+
 def first_module_ar(run):
     """T_AR of the input-side module's buckets; files older than that figure
     hold bucket 0's alone (marked so)."""
@@ -44,7 +50,7 @@ def main():
         ar = runs["ddp"]["comm_ms"]["ar"]
         ratio = ar / pieces["bwd"]
         bound = ratio > 1
-        others = {n: r for n, r in runs.items() if not n.startswith("ddp")}  # ddp+gather is a control
+        others = dearcomm_runs(runs)
         best = max(others, key=lambda n: others[n]["speedup_vs_ddp"])
         worst = min(others, key=lambda n: others[n]["speedup_vs_ddp"])
         if bound:
@@ -81,7 +87,7 @@ def wide(files):
     for d in files:
         runs, pieces = d["runs"], d["pieces_ms"]
         ratio = runs["ddp"]["comm_ms"]["ar"] / pieces["bwd"]
-        others = {n: r["speedup_vs_ddp"] for n, r in runs.items() if not n.startswith("ddp")}
+        others = {n: r["speedup_vs_ddp"] for n, r in dearcomm_runs(runs).items()}
         if ratio > 1:
             best = max(others, key=others.get)
             target = f"comm-bound: best {best} {others[best]:.2f}x: " + ("met" if others[best] >= 1.15 else "**missed**")

@@ -193,6 +193,7 @@ def measure_collectives(args, layout, model):
     backend = _C.process_group_backend(dist.group.WORLD)
     full = [torch.zeros(b.padded_numel) for b in layout.buckets]
     shards = [torch.zeros(b.shard_numel) for b in layout.buckets]
+    m0 = first_module_buckets(layout, model)
 
     def run(kind):
         if kind == "rs":
@@ -206,7 +207,6 @@ def measure_collectives(args, layout, model):
         for h in pending:
             h.wait()
 
-    m0 = first_module_buckets(layout, model)
     out = {}
     for kind in ("rs", "ag", "ar", "ar_m0"):
         run(kind)

@@ -30,9 +30,9 @@ class WrapOptions:
     """Partition size in MiB: no bucket is larger, so a tensor larger than it is
     split into parts of that size, each a bucket of its own (ByteScheduler's
     tensor partitioning; a large tensor's first parts can go out, or be used,
-    before the rest); smaller tensors fuse up to it and are never cut. Split points fall on multiples of world_size x 64 bytes
-    (_C.partition_unit), so the size is rounded down to that (at least one
-    unit). None (default): the schedule's default: 32 MiB (8 M fp32 parameters,
+    before the rest); smaller tensors fuse up to it and are never cut. Split
+    points fall on multiples of world_size x 64 bytes (_C.partition_unit), so
+    the size is rounded down to that (at least one unit). None (default): the schedule's default: 32 MiB (8 M fp32 parameters,
     the ByteScheduler paper's recommendation for all-reduce) for
     "bytescheduler", never split for the others."""
 
