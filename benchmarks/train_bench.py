@@ -61,8 +61,9 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
 
 
 def parse_run(spec):
-    """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb)."""
-    base, *mods = spec.split("/")
+    """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb); an
+    '@VAR=VALUE' suffix (run_environment) is ignored here."""
+    base, *mods = spec.split("@")[0].split("/")
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
@@ -77,6 +78,34 @@ def parse_run(spec):
     if schedule == "ddp" and mods:
         raise SystemExit("ddp takes no partition or credit")
     return schedule, update, partition, credit
+
+
+def run_environment(spec):
+    """'dear-sharded/p0.25@DEARCOMM_CPU_POSTER=0' -> {'DEARCOMM_CPU_POSTER': '0'}:
+    set while the run's engine is built (its first backward), so one process
+    can A/B dearcomm's switches (DEARCOMM_GRAD_VIEWS, DEARCOMM_CPU_POSTER) run
+    against run, alternated, on the same machine state."""
+    env = {}
+    for item in spec.split("@")[1:]:
+        var, eq, value = item.partition("=")
+        if not eq or not var.startswith("DEARCOMM_"):
+            raise SystemExit(f"unknown suffix {item!r} in {spec!r}: expected @DEARCOMM_VAR=VALUE")
+        env[var] = value
+    return env
+
+
+@contextlib.contextmanager
+def environment(env):
+    saved = {var: os.environ.get(var) for var in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def run_names(args):
@@ -272,22 +301,29 @@ PHASES = ("forward", "backward", "step")
 def iteration(model, optimizer, x, y, timeline=None, phases=None):
     """One training iteration; with `phases` (a dict of lists), appends each
     phase's wall seconds (forward+loss, backward, zero_grad+step): where a
-    schedule's waits land (dear's all-gathers in forward, reductions in step)."""
+    schedule's waits land (dear's all-gathers in forward, reductions in step);
+    and under "<phase> off-CPU" the part of it the training thread did not
+    run (blocked in a wait or a lock, or preempted by another thread)."""
     span = timeline.span if timeline else (lambda *a: contextlib.nullcontext())
-    t0 = time.perf_counter()
+    clock = lambda: (time.perf_counter(), time.thread_time())  # noqa: E731
+    t0 = clock()
     optimizer.zero_grad()
     with span("compute", "forward+loss"):
-        t1 = time.perf_counter()
+        t1 = clock()
         loss = F.cross_entropy(model(x), y)
     with span("compute", "backward"):
-        t2 = time.perf_counter()
+        t2 = clock()
         loss.backward()
     with span("compute", "step"):
-        t3 = time.perf_counter()
+        t3 = clock()
         optimizer.step()
+    t4 = clock()
     if phases is not None:
-        for name, seconds in zip(PHASES, (t2 - t1, t3 - t2, time.perf_counter() - t3 + t1 - t0)):
-            phases[name].append(seconds)
+        walls = (t2[0] - t1[0], t3[0] - t2[0], t4[0] - t3[0] + t1[0] - t0[0])  # zero_grad counts as step
+        cpus = (t2[1] - t1[1], t3[1] - t2[1], t4[1] - t3[1] + t1[1] - t0[1])
+        for name, wall, cpu in zip(PHASES, walls, cpus):
+            phases.setdefault(name, []).append(wall)
+            phases.setdefault(f"{name} off-CPU", []).append(wall - cpu)
 
 
 def record_timeline(args, runs, x, y, label):
@@ -329,7 +365,7 @@ def main():
                         help="add a /pP variant of every dearcomm schedule for each P")
     parser.add_argument("--credit-mb", type=float, nargs="*", default=[],
                         help="bytescheduler: one row per credit (with each partition)")
-    parser.add_argument("--runs", nargs="+", help="explicit run names (SCHEDULE[/pP][/cC]); overrides the three above")
+    parser.add_argument("--runs", nargs="+", help="explicit run names (SCHEDULE[/pP][/cC][@DEARCOMM_VAR=VALUE]); overrides the three above")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per run per round")
     parser.add_argument("--timeline", help="write PREFIX.json and PREFIX.png (every run), PREFIX-RUN.png")
@@ -338,6 +374,7 @@ def main():
     names = run_names(args)
     for name in names:
         parse_run(name)
+        run_environment(name)
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -353,9 +390,10 @@ def main():
 
     pieces = measure_pieces(args, x, y)
     runs = {name: build(name, args) for name in names}
-    for model, optimizer in runs.values():
-        for _ in range(2):
-            iteration(model, optimizer, x, y)
+    for name, (model, optimizer) in runs.items():
+        with environment(run_environment(name)):  # read when the first backward builds the engine
+            for _ in range(2):
+                iteration(model, optimizer, x, y)
         settle(model)
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
@@ -373,7 +411,7 @@ def main():
     times = {name: [] for name in runs}
     cpus = {name: [] for name in runs}
     sirq = {name: [] for name in runs}
-    phases = {name: {phase: [] for phase in PHASES} for name in runs}
+    phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
         for _ in range(args.rounds):
@@ -428,12 +466,13 @@ def main():
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
-              f"{'cpu ms':>8}{'sirq ms':>8}   fwd / bwd / step ms")
+              f"{'cpu ms':>8}{'sirq ms':>8}   fwd / bwd / step ms (training thread off CPU)")
         for name, r in rows.items():
             vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
             print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
                   f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}   "
-                  + " / ".join(f"{r['phases_ms'][k]:.1f}" for k in PHASES), flush=True)
+                  + " / ".join(f"{r['phases_ms'][k]:.1f} ({r['phases_ms'][k + ' off-CPU']:.1f})" for k in PHASES),
+                  flush=True)
     if args.timeline:
         record_timeline(args, runs, x, y, label)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
