@@ -1,6 +1,8 @@
 // dearcomm._C._testing: the device-free pieces of the NCCL backend's
 // bookkeeping (watchdog loop, teardown order, handle pool), driven on CPU by
-// fake completions so their logic is tested without a GPU.
+// fake completions so their logic is tested without a GPU; and the CPU
+// backend's poster thread on its own.
+#include "backends/cpu/poster.h"
 #include "common/bounded_teardown.h"
 #include "common/handle_pool.h"
 #include "common/watchdog.h"
@@ -8,9 +10,12 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -112,8 +117,38 @@ struct PooledHandle {
 
 }  // namespace
 
+namespace {
+
+// Posts `jobs` jobs to a Poster and destroys it at once (the first job
+// sleeps, so the others are still queued then): the jobs that ran, in the
+// order they ran, and whether each ran on the posting thread.
+std::pair<std::vector<int64_t>, std::vector<bool>> run_poster(int64_t jobs, bool inline_jobs) {
+  std::mutex mutex;
+  std::vector<int64_t> order;
+  std::vector<bool> on_caller;
+  const std::thread::id caller = std::this_thread::get_id();
+  {
+    Poster poster(inline_jobs);
+    for (int64_t i = 0; i < jobs; ++i) {
+      poster.post([&, i] {
+        if (i == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        order.push_back(i);
+        on_caller.push_back(std::this_thread::get_id() == caller);
+      });
+    }
+  }
+  return {order, on_caller};
+}
+
+}  // namespace
+
 void register_testing(py::module& parent) {
-  py::module m = parent.def_submodule("_testing", "device-free pieces of the NCCL backend, for tests");
+  py::module m = parent.def_submodule("_testing", "device-free pieces of the backends, for tests");
+  m.def("run_poster", &run_poster, py::arg("jobs"), py::arg("inline_jobs"),
+        py::call_guard<py::gil_scoped_release>());
   py::class_<FakeCompletion, std::shared_ptr<FakeCompletion>>(m, "FakeCompletion")
       .def(py::init<>())
       .def("set", &FakeCompletion::set, py::arg("state"), py::arg("error") = "")

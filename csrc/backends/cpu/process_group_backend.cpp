@@ -6,41 +6,96 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
 #include <functional>
+#include <mutex>
+#include <string>
 
 namespace dearcomm {
-namespace {
 
-// The c10d Works of one collective plus the local step that completes it
-// (e.g. the sum after the exchange of reduce_scatter).
-class WorkHandle final : public PendingCollective {
+// The c10d Works of one collective, once posted (at once, or by the poster
+// thread), or why posting failed; and when the last Work completed.
+class Posting {
  public:
-  WorkHandle(std::vector<c10::intrusive_ptr<c10d::Work>> works, const char* what, std::function<void()> finish = {})
-      : works_(std::move(works)), what_(what), finish_(std::move(finish)) {
-    // The completion time, stamped by gloo's threads as the last Work ends (for
-    // the timeline). gloo's send/recv Works have no future: then it stays unknown.
-    auto state = progress_;
-    state->remaining.store(static_cast<int64_t>(works_.size()));
-    for (const auto& work : works_) {
+  // Takes the Works and stamps the completion time as the last one ends (gloo's
+  // threads run the callbacks; send/recv Works have no future: then it stays unknown).
+  void complete(std::vector<c10::intrusive_ptr<c10d::Work>> works) {
+    auto progress = progress_;
+    progress->remaining.store(static_cast<int64_t>(works.size()));
+    for (const auto& work : works) {
       c10::intrusive_ptr<c10::ivalue::Future> future;
       try {
         future = work->getFuture();
       } catch (const std::exception&) {
-        return;
+        break;
       }
-      future->addCallback([state](c10::ivalue::Future&) {
-        if (state->remaining.fetch_sub(1) == 1) {
-          state->completed.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+      future->addCallback([progress](c10::ivalue::Future&) {
+        if (progress->remaining.fetch_sub(1) == 1) {
+          progress->completed.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
               std::chrono::steady_clock::now().time_since_epoch()).count());
         }
       });
     }
+    settle(std::move(works), nullptr);
+  }
+  void fail(std::exception_ptr error) { settle({}, std::move(error)); }
+
+  // The Works, once posted; throws what posting threw, or if it took longer than `timeout`.
+  const std::vector<c10::intrusive_ptr<c10d::Work>>& works(std::chrono::milliseconds timeout, const char* what) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    TORCH_CHECK(posted_.wait_for(lock, timeout, [this] { return done_; }),
+        what, " was not even posted within ", timeout.count(), " ms");
+    if (error_) {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, what, " could not be posted: ", e.what());
+      } catch (...) {
+        TORCH_CHECK(false, what, " could not be posted");
+      }
+    }
+    return works_;
+  }
+  int64_t completed_ns() const { return progress_->completed.load(); }
+
+ private:
+  void settle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      works_ = std::move(works);
+      error_ = std::move(error);
+      done_ = true;
+    }
+    posted_.notify_all();
   }
 
-  int64_t completed_ns() const override { return progress_->completed.load(); }
+  struct Progress {
+    std::atomic<int64_t> remaining{0};
+    std::atomic<int64_t> completed{-1};
+  };
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
+  std::mutex mutex_;
+  std::condition_variable posted_;
+  bool done_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::exception_ptr error_;
+};
+
+namespace {
+
+// One collective plus the local step that completes it (e.g. the sum after
+// the exchange of reduce_scatter).
+class WorkHandle final : public PendingCollective {
+ public:
+  WorkHandle(std::shared_ptr<Posting> posting, const char* what, std::function<void()> finish = {})
+      : posting_(std::move(posting)), what_(what), finish_(std::move(finish)) {}
+
+  int64_t completed_ns() const override { return posting_->completed_ns(); }
 
   void wait(std::chrono::milliseconds timeout) override {
-    for (const auto& work : works_) {
+    for (const auto& work : posting_->works(timeout, what_)) {
       bool completed = false;
       try {
         completed = work->wait(timeout);
@@ -55,20 +110,24 @@ class WorkHandle final : public PendingCollective {
   }
 
  private:
-  struct Progress {
-    std::atomic<int64_t> remaining{0};
-    std::atomic<int64_t> completed{-1};
-  };
-  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
-  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
+  std::shared_ptr<Posting> posting_;
   const char* what_;
   std::function<void()> finish_;
 };
 
 }  // namespace
 
+namespace {
+// DEARCOMM_CPU_POSTER=0 posts on the training thread, as before the poster
+// existed: a switch for A/B measurements and debugging, not a tuning knob.
+bool post_inline() {
+  const char* value = std::getenv("DEARCOMM_CPU_POSTER");
+  return value != nullptr && std::string(value) == "0";
+}
+}  // namespace
+
 ProcessGroupBackend::ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_(std::move(group)) {
+    : group_(std::move(group)), poster_(post_inline()) {
   TORCH_CHECK_VALUE(group_, "dearcomm: the process group is None");
 }
 
@@ -76,32 +135,39 @@ std::string ProcessGroupBackend::name() const {
   return "c10d:" + group_->getBackendName();
 }
 
-std::vector<c10::intrusive_ptr<c10d::Work>> ProcessGroupBackend::exchange(
-    const std::vector<at::Tensor>& outgoing, const std::vector<at::Tensor>& incoming) {
+std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Tensor>& outgoing,
+                                                        const std::vector<at::Tensor>& incoming) {
   // Every message of one exchange has the same size, so both ends cut it into
   // the same pieces; tags are (exchange number, piece), the same on every rank
   // because every rank calls exchange() in the same order.
   const int64_t call = next_exchange_++ % kTagCycles;
-  const int rank = this->rank();
-  NoProfilerRecordInWorks no_records;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (int peer = 0; peer < world_size(); ++peer) {
-    if (peer == rank) {
-      continue;
+  auto posting = std::make_shared<Posting>();
+  poster_.post([group = group_, call, outgoing, incoming, posting] {
+    NoProfilerRecordInWorks no_records;
+    try {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (int peer = 0; peer < group->getSize(); ++peer) {
+        if (peer == group->getRank()) {
+          continue;
+        }
+        const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
+        const int64_t pieces = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+        auto in = incoming[peer].chunk(pieces);
+        auto out = outgoing[peer].chunk(pieces);
+        for (size_t k = 0; k < in.size(); ++k) {
+          const int tag = static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k));
+          std::vector<at::Tensor> recv_buffer{in[k]};
+          std::vector<at::Tensor> send_buffer{out[k]};
+          works.push_back(group->recv(recv_buffer, peer, tag));
+          works.push_back(group->send(send_buffer, peer, tag));
+        }
+      }
+      posting->complete(std::move(works));
+    } catch (...) {  // a job must not throw (poster.h): the waiter raises it
+      posting->fail(std::current_exception());
     }
-    const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
-    const int64_t pieces = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
-    auto in = incoming[peer].chunk(pieces);
-    auto out = outgoing[peer].chunk(pieces);
-    for (size_t k = 0; k < in.size(); ++k) {
-      const int tag = static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k));
-      std::vector<at::Tensor> recv_buffer{in[k]};
-      std::vector<at::Tensor> send_buffer{out[k]};
-      works.push_back(group_->recv(recv_buffer, peer, tag));
-      works.push_back(group_->send(send_buffer, peer, tag));
-    }
-  }
-  return works;
+  });
+  return posting;
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
@@ -120,10 +186,10 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at:
     outgoing.push_back(input.narrow(0, j * shard, shard));
     incoming.push_back(scratch.narrow(0, j * shard, shard));
   }
-  auto works = exchange(outgoing, incoming);
+  auto posting = exchange(outgoing, incoming);
   const int64_t r = rank();
   at::Tensor own = outgoing[r], own_slot = incoming[r], received = scratch.view({p, shard}), out = output;
-  return std::make_unique<WorkHandle>(std::move(works), "reduce-scatter", [own, own_slot, received, out]() mutable {
+  return std::make_unique<WorkHandle>(std::move(posting), "reduce-scatter", [own, own_slot, received, out]() mutable {
     own_slot.copy_(own);
     at::sum_out(out, received, /*dim=*/{0});
   });
@@ -147,8 +213,9 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Ten
   WithoutPythonTLS no_python_objects;  // in the Work and its future's callbacks: see python_tls.h
   NoProfilerRecordInWorks no_records;
   std::vector<at::Tensor> tensors{buffer};
-  return std::make_unique<WorkHandle>(std::vector<c10::intrusive_ptr<c10d::Work>>{group_->allreduce(tensors)},
-                                      "all-reduce");
+  auto posting = std::make_shared<Posting>();  // gloo's own threads run it: posted at once
+  posting->complete({group_->allreduce(tensors)});
+  return std::make_unique<WorkHandle>(std::move(posting), "all-reduce");
 }
 
 void ProcessGroupBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,

@@ -3,12 +3,16 @@
 #pragma once
 
 #include "../../engine/comm_backend.h"
+#include "poster.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <memory>
 #include <unordered_map>
 
 namespace dearcomm {
+
+class Posting;  // the Works of one exchange, once the poster thread posted them
 
 class ProcessGroupBackend final : public CommBackend {
  public:
@@ -34,13 +38,14 @@ class ProcessGroupBackend final : public CommBackend {
 
  private:
   // Point-to-point: outgoing[j] to rank j, incoming[j] from rank j, all posted
-  // at once in pieces of ~kPieceBytes. gloo serialises one large send against
-  // one large receive on a pair (measured at 1 Gbit/s: 8 MiB each way took
-  // 137 ms as one message, 76 ms as 8 pieces, 53 ms one way), so pieces are
-  // what makes the exchange full-duplex. gloo's all_to_all_single and
-  // all_gather reached half the line rate for the same reason.
-  std::vector<c10::intrusive_ptr<c10d::Work>> exchange(const std::vector<at::Tensor>& outgoing,
-                                                       const std::vector<at::Tensor>& incoming);
+  // at once, by poster_ (off the training thread: poster.h), in pieces of
+  // ~kPieceBytes. gloo serialises one large send against one large receive on
+  // a pair (measured at 1 Gbit/s: 8 MiB each way took 137 ms as one message,
+  // 76 ms as 8 pieces, 53 ms one way), so pieces are what makes the exchange
+  // full-duplex. gloo's all_to_all_single and all_gather reached half the line
+  // rate for the same reason.
+  std::shared_ptr<Posting> exchange(const std::vector<at::Tensor>& outgoing,
+                                    const std::vector<at::Tensor>& incoming);
   static constexpr int64_t kPieceBytes = 1 << 20;
   static constexpr int64_t kMaxPieces = 64;
   static constexpr int64_t kTagCycles = int64_t{1} << 24;  // tags stay below 2^30
@@ -51,6 +56,7 @@ class ProcessGroupBackend final : public CommBackend {
   // persistent, so this allocates once per bucket: fresh large allocations
   // cost ~10x a copy on these machines).
   std::unordered_map<const void*, at::Tensor> scatter_scratch_;
+  Poster poster_;  // last: destroyed first, posting what is still queued
 };
 
 }  // namespace dearcomm
