@@ -143,7 +143,7 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
   const int64_t call = next_exchange_++ % kTagCycles;
   auto posting = std::make_shared<Posting>();
   poster_.post([group = group_, call, outgoing, incoming, posting] {
-    NoProfilerRecordInWorks no_records;
+    NoProfilerRecordInWorks no_records;  // runs on the training thread too (DEARCOMM_CPU_POSTER=0)
     try {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
       for (int peer = 0; peer < group->getSize(); ++peer) {
