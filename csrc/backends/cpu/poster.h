@@ -8,14 +8,16 @@
 // try_locks it, busy-polls epoll meanwhile and preempts the blocked thread on
 // shared cores (docs/benchmarks.md, issue 12 §7: ~12 ms per iteration in
 // Pair::send/recv with 60 messages). Here the training thread only enqueues;
-// jobs run in order, so collectives keep their issue order.
+// jobs run in order, so exchanges keep their issue order.
+//
+// A job must hold no tensor that Python can see (only views cut on the
+// posting thread): dropping the last reference to one would take the GIL on
+// this thread, which the training thread may hold while it posts.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
+#include <chrono>
 #include <functional>
-#include <mutex>
-#include <thread>
+#include <memory>
 
 namespace dearcomm {
 
@@ -23,25 +25,24 @@ class Poster {
  public:
   // inline_jobs: run each job at once on the posting thread (the A/B switch
   // DEARCOMM_CPU_POSTER=0; see process_group_backend.cpp).
-  explicit Poster(bool inline_jobs = false) : inline_(inline_jobs) {}
-  // Runs every job still queued, then joins the thread.
+  explicit Poster(bool inline_jobs = false);
+  // Runs every job still queued, then joins the thread; if the queue has not
+  // drained within `kDrainLimit` (gloo stuck), warns and leaves the thread
+  // behind rather than hang the caller.
   ~Poster();
   Poster(const Poster&) = delete;
   Poster& operator=(const Poster&) = delete;
 
-  // Runs `job` on the poster thread (started on first use), after every job
-  // posted before it. A job must not throw: it reports its errors itself.
+  // Runs `job` on the poster thread, after every job posted before it. A job
+  // must not throw: it reports its errors itself (one that throws is dropped).
   void post(std::function<void()> job);
 
- private:
-  void run();
+  static constexpr std::chrono::seconds kDrainLimit{60};
 
+ private:
+  struct State;  // shared with the thread, which may outlive the Poster (see ~Poster)
   const bool inline_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::thread thread_;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace dearcomm

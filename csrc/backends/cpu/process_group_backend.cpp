@@ -64,6 +64,7 @@ class Posting {
   void settle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::exception_ptr error) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      TORCH_INTERNAL_ASSERT(!done_, "dearcomm: a collective was posted twice");  // works() hands out works_ unlocked
       works_ = std::move(works);
       error_ = std::move(error);
       done_ = true;
@@ -139,28 +140,39 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
                                                         const std::vector<at::Tensor>& incoming) {
   // Every message of one exchange has the same size, so both ends cut it into
   // the same pieces; tags are (exchange number, piece), the same on every rank
-  // because every rank calls exchange() in the same order.
+  // because every rank calls exchange() in the same order. The pieces are
+  // views cut here: the job holds no tensor Python can see (poster.h).
+  struct Piece {
+    int peer;
+    int tag;
+    at::Tensor in, out;
+  };
   const int64_t call = next_exchange_++ % kTagCycles;
+  std::vector<Piece> pieces;
+  for (int peer = 0; peer < world_size(); ++peer) {
+    if (peer == rank()) {
+      continue;
+    }
+    const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
+    const int64_t count = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+    auto in = incoming[peer].chunk(count);
+    auto out = outgoing[peer].chunk(count);
+    for (size_t k = 0; k < in.size(); ++k) {
+      pieces.push_back({peer, static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k)), in[k], out[k]});
+    }
+  }
   auto posting = std::make_shared<Posting>();
-  poster_.post([group = group_, call, outgoing, incoming, posting] {
-    NoProfilerRecordInWorks no_records;  // runs on the training thread too (DEARCOMM_CPU_POSTER=0)
+  poster_.post([group = group_, pieces = std::move(pieces), posting] {
+    // Both guards matter where this runs on the training thread (DEARCOMM_CPU_POSTER=0); see python_tls.h.
+    WithoutPythonTLS no_python_objects;
+    NoProfilerRecordInWorks no_records;
     try {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      for (int peer = 0; peer < group->getSize(); ++peer) {
-        if (peer == group->getRank()) {
-          continue;
-        }
-        const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
-        const int64_t pieces = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
-        auto in = incoming[peer].chunk(pieces);
-        auto out = outgoing[peer].chunk(pieces);
-        for (size_t k = 0; k < in.size(); ++k) {
-          const int tag = static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k));
-          std::vector<at::Tensor> recv_buffer{in[k]};
-          std::vector<at::Tensor> send_buffer{out[k]};
-          works.push_back(group->recv(recv_buffer, peer, tag));
-          works.push_back(group->send(send_buffer, peer, tag));
-        }
+      for (const Piece& piece : pieces) {
+        std::vector<at::Tensor> recv_buffer{piece.in};
+        std::vector<at::Tensor> send_buffer{piece.out};
+        works.push_back(group->recv(recv_buffer, piece.peer, piece.tag));
+        works.push_back(group->send(send_buffer, piece.peer, piece.tag));
       }
       posting->complete(std::move(works));
     } catch (...) {  // a job must not throw (poster.h): the waiter raises it
@@ -171,7 +183,6 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
-  WithoutPythonTLS no_python_objects;  // in the Works and their futures' callbacks: see python_tls.h
   const int64_t p = world_size();
   const int64_t shard = output.numel();
   TORCH_CHECK(input.numel() == shard * p,
@@ -196,7 +207,6 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at:
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
-  WithoutPythonTLS no_python_objects;  // in the Works and their futures' callbacks: see python_tls.h
   const int64_t p = world_size();
   const int64_t shard = input.numel();
   TORCH_CHECK(output.numel() == shard * p,

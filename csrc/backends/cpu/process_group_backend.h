@@ -12,7 +12,7 @@
 
 namespace dearcomm {
 
-class Posting;  // the Works of one exchange, once the poster thread posted them
+class Posting;  // the Works of one collective, once posted (exchanges: by the poster thread)
 
 class ProcessGroupBackend final : public CommBackend {
  public:
