@@ -115,10 +115,6 @@ struct PooledHandle {
   std::shared_ptr<void> handle;  // back to its pool when the Python object goes
 };
 
-}  // namespace
-
-namespace {
-
 // Posts `jobs` jobs to a Poster and destroys it at once (the first job
 // sleeps, so the others are still queued then): the jobs that ran, in the
 // order they ran, and whether each ran on the posting thread.

@@ -1,6 +1,5 @@
 #include "poster.h"
 
-#include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
 #include <condition_variable>

@@ -116,15 +116,13 @@ class WorkHandle final : public PendingCollective {
   std::function<void()> finish_;
 };
 
-}  // namespace
-
-namespace {
 // DEARCOMM_CPU_POSTER=0 posts on the training thread, as before the poster
 // existed: a switch for A/B measurements and debugging, not a tuning knob.
 bool post_inline() {
   const char* value = std::getenv("DEARCOMM_CPU_POSTER");
   return value != nullptr && std::string(value) == "0";
 }
+
 }  // namespace
 
 ProcessGroupBackend::ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group)
