@@ -4,6 +4,7 @@
 #include "backend_capsule.h"
 #include "backends/cpu/process_group_backend.h"
 #include "backends/cpu/python_tls.h"
+#include "common/host_stamp.h"
 #include "engine/bucket_layout.h"
 #include "engine/engine.h"
 #include "schedule/registry.h"
@@ -137,6 +138,17 @@ py::dict policy_ops(const std::string& schedule, const std::string& update,
   return out;
 }
 
+// A host stamp whose time a test gives it later (-1: none yet), as a GPU's
+// stamps get theirs once the device passed them.
+struct LateStamp {
+  std::shared_ptr<std::atomic<int64_t>> ns = std::make_shared<std::atomic<int64_t>>(-1);
+  std::shared_ptr<const Stamp> stamp() const { return std::make_shared<HostStamp>(ns); }
+};
+
+std::shared_ptr<const Stamp> host_stamp(int64_t ns) {
+  return std::make_shared<HostStamp>(ns);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -150,11 +162,20 @@ PYBIND11_MODULE(_C, m) {
       "engine/link_meter.h on its own: one rank's measurements and the model from summed figures.")
       .def(py::init<int64_t>(), py::arg("num_ticks"))
       .def("begin_backward", &LinkMeter::begin_backward)
-      .def("tick", &LinkMeter::tick, py::arg("now_ns"))
-      .def("reduction_done", &LinkMeter::reduction_done, py::arg("launched_ns"), py::arg("completed_ns"),
-           py::arg("bytes"))
+      .def("tick", [](LinkMeter& meter, int64_t ns) { meter.tick(host_stamp(ns)); }, py::arg("now_ns"))
+      .def("tick", [](LinkMeter& meter, const LateStamp& at) { meter.tick(at.stamp()); }, py::arg("at"))
+      .def("reduction_done", [](LinkMeter& meter, int64_t launched_ns, int64_t completed_ns, int64_t bytes) {
+            meter.reduction(host_stamp(launched_ns), host_stamp(completed_ns), bytes);  // -1: never timed
+          }, py::arg("launched_ns"), py::arg("completed_ns"), py::arg("bytes"))
+      .def("reduction_done", [](LinkMeter& meter, const LateStamp& launched, const LateStamp& completed,
+                                int64_t bytes) { meter.reduction(launched.stamp(), completed.stamp(), bytes); },
+           py::arg("launched"), py::arg("completed"), py::arg("bytes"))
       .def("figures", &LinkMeter::figures)
       .def("model", &LinkMeter::model, py::arg("summed"), py::arg("world_size"));
+  py::class_<LateStamp>(m.attr("_testing").cast<py::module>(), "LateStamp",
+      "A stamp without a time until set(ns): a GPU's stamp before the device passed it.")
+      .def(py::init<>())
+      .def("set", [](LateStamp& s, int64_t ns) { s.ns->store(ns); }, py::arg("ns"));
   m.def("schedules", &schedules,
         "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
         "default_update}, ...].");

@@ -67,3 +67,40 @@ def test_parity_with_single_process_on_gpu(delay_cycles):
     for rank, per_config in enumerate(results):
         bad = {name: failures for name, failures in per_config.items() if failures}
         assert not bad, f"rank {rank}: " + "\n".join(f"{k}: {v[:2]}" for k, v in bad.items())
+
+
+def link_model_worker(rank, world_size, iterations):
+    """bytescheduler on NCCL: the link model each backward's policy got."""
+    import dearcomm
+
+    torch.manual_seed(0)
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="bytescheduler", bucket_mb=4, credit_mb=4)
+    x = torch.randn(64, 1024, device=device)
+    models = []
+    for _ in range(iterations):
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        models.append(list(model._dear.engine.link_model))
+        optimizer.step()
+    torch.cuda.synchronize()
+    return len(model._dear.engine.layout.buckets), models
+
+
+def test_the_credit_runs_on_a_link_model_timed_on_the_gpu():
+    """The link model on NCCL: its stamps are CUDA timing events, read once
+    the GPU passed them (the host runs ahead), and the figures are summed
+    through pinned memory. Every rank adopts the same model at the same
+    backward, never before the fourth (engine.h: kLinkAgreementLag), and one
+    is adopted within a few more once the GPU caught up."""
+    iterations = 10
+    results = run_workers(link_model_worker, WORLD, iterations, backend="nccl")
+    buckets, models = results[0]
+    for rank, (_, other) in enumerate(results):
+        assert other == models, f"rank {rank} ran on another link model: {other} vs {models}"
+    assert models[:3] == [[], [], []]
+    known = [m for m in models if m]
+    assert known, f"no link model in {iterations} iterations: {models}"
+    assert all(len(m) == buckets and m[0] == 0 for m in known), known

@@ -61,6 +61,72 @@ def test_unknown_completions_are_ignored_and_a_backward_without_reductions_keeps
     assert meter.figures() == [1, MIB // 10, 0, 3000]
 
 
+def test_stamps_without_a_time_yet_count_once_they_have_one():
+    """A GPU's stamps get their times when the device passes them, often an
+    iteration after the host recorded them: the rate comes from the reductions
+    timed so far, the spacing from the latest backward whose ticks are all timed."""
+    late = _C._testing.LateStamp
+    meter = _C._testing.LinkMeter(2)
+    meter.begin_backward()
+    launched, completed = late(), late()
+    meter.reduction_done(launched, completed, 10 * MIB)
+    first = [late(), late()]
+    for stamp in first:
+        meter.tick(stamp)
+    assert meter.figures()[0] == 0  # nothing timed yet
+
+    meter.begin_backward()  # the reduction still has no time: no rate
+    second = [late(), late()]
+    for stamp in second:
+        meter.tick(stamp)
+    assert meter.figures()[0] == 0
+
+    launched.set(0)
+    completed.set(10 * MS)  # 1 MiB/ms
+    for stamp, ms in zip(first, (0, 4)):
+        stamp.set(ms * MS)
+    meter.begin_backward()
+    third = [late(), late()]
+    for stamp in third:
+        meter.tick(stamp)
+    # The first backward's spacing (the only one timed), the reduction's rate.
+    assert meter.figures() == [1, MIB, 0, 4000]
+
+    for stamp, ms in zip(second, (20, 26)):
+        stamp.set(ms * MS)
+    meter.begin_backward()
+    for t in (40, 41):
+        meter.tick(t * MS)  # timed at once: the newest wins
+    assert meter.figures() == [1, MIB, 0, 1000]
+    # The third backward's stamps got no time before a newer backward was
+    # timed: they are never used, even once they get one.
+    for stamp, ms in zip(third, (30, 39)):
+        stamp.set(ms * MS)
+    meter.begin_backward()
+    for t in (50, 52):
+        meter.tick(t * MS)
+    assert meter.figures() == [1, MIB, 0, 2000]
+
+
+def test_a_reduction_without_a_time_is_dropped_after_a_few_backwards():
+    """Reductions whose stamps never get a time (a backend that cannot tell)
+    do not hold back the others, and are dropped after kKeepBackwards (4)."""
+    meter = _C._testing.LinkMeter(1)
+    meter.begin_backward()
+    launched, completed = _C._testing.LateStamp(), _C._testing.LateStamp()
+    meter.reduction_done(launched, completed, 100 * MIB)
+    meter.reduction_done(0, 10 * MS, MIB)
+    for _ in range(4):
+        meter.begin_backward()
+        meter.tick(0)
+        assert meter.figures()[:2] == [1, MIB // 10]
+    launched.set(0)
+    completed.set(10 * MS)  # too late: 10 MiB/ms would be counted if it were kept
+    meter.begin_backward()
+    meter.tick(0)
+    assert meter.figures()[:2] == [1, MIB // 10]
+
+
 def test_figures_need_every_tick_of_the_backward():
     meter = meter_after_one_backward(3, [(0, 1, 1)], [0, 1])
     with pytest.raises(RuntimeError, match="saw 2 of 3 ticks"):

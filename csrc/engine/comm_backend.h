@@ -10,11 +10,25 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace dearcomm {
+
+// A point on a backend's clock, in the order of the work before it: a
+// steady_clock reading on the CPU; on a GPU an event on a stream, which gets
+// its time only once the device reaches it (the host runs ahead). What is
+// measured from stamps is read late, when the stamps have a time.
+class Stamp {
+ public:
+  virtual ~Stamp() = default;
+  // Nanoseconds from `origin` (a stamp of the same backend) to this one,
+  // negative if this one came first; nullopt while either has no time yet.
+  virtual std::optional<int64_t> since(const Stamp& origin) const = 0;
+};
 
 // One collective in flight. wait() blocks the host (CPU backend) or orders the
 // caller's stream after the collective (NCCL backend); it throws, naming the
@@ -26,6 +40,18 @@ class PendingCollective {
   // When the collective completed (steady_clock, ns), if the backend knows
   // without waiting; -1 otherwise. Used by the timeline.
   virtual int64_t completed_ns() const { return -1; }
+  // Where the collective completes, on the backend's clock (link_meter.h);
+  // null unless the backend was asked to time_collectives().
+  virtual std::shared_ptr<const Stamp> finished() const { return nullptr; }
+};
+
+// A sum of a few host integers over the ranks (sum_host), in flight.
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  // Blocks (the GIL released by the caller) until the sum is on the host;
+  // throws, naming it, if it failed or took longer than `timeout`.
+  virtual std::vector<int64_t> result(std::chrono::milliseconds timeout) = 0;
 };
 
 class CommBackend {
@@ -35,9 +61,16 @@ class CommBackend {
   virtual std::string name() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Whether its collectives report completed_ns() (the link model needs it),
-  // and its buffers can be read on the host right after wait().
-  virtual bool reports_completion_times() const { return false; }
+  // Now, on this backend's clock, in the order of the caller's work (on a
+  // GPU: of the current stream).
+  virtual std::shared_ptr<const Stamp> stamp() = 0;
+  // From now on every collective's finished() gives a stamp (a GPU records a
+  // timing event after each one; the CPU has them anyway).
+  virtual void time_collectives() {}
+  // Sums `values` over all ranks without blocking the caller; every rank
+  // calls it at the same point, as for any collective. For agreements on a
+  // few figures (the link model), wherever the buffers live.
+  virtual std::unique_ptr<PendingSum> sum_host(const std::vector<int64_t>& values) = 0;
 
   // Sums `input` (world_size equal chunks) over all ranks and leaves chunk
   // `rank` of the sum in `output`. `input` must not change until wait().

@@ -46,6 +46,7 @@ struct Engine::Bucket : BucketBuffers {
   int64_t ready = 0;  // parameters overlapping it whose gradient arrived this backward
   std::unique_ptr<PendingCollective> pending;
   int64_t launched_ns = -1;  // timeline: when `pending` was launched
+  std::shared_ptr<const Stamp> launch_stamp;  // link meter: the same, on the backend's clock
 };
 
 struct Engine::Flat : FlatBuffers {};
@@ -117,9 +118,9 @@ Engine::Engine(BucketLayout layout,
     }
     update_->allocate(bucket, spec, rank);
   }
-  if (policy_->uses_link_model() && backend_->reports_completion_times()) {
+  if (policy_->uses_link_model()) {
     link_meter_ = std::make_unique<LinkMeter>(static_cast<int64_t>(buckets_.size()));
-    link_figures_ = at::zeros({link_meter_->num_figures()}, params_.front().options().dtype(at::kLong));
+    backend_->time_collectives();
   }
 }
 
@@ -253,7 +254,7 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
     packed_params_ = 0;
     state_ = IterationState::kBackward;
     if (link_meter_) {
-      finish_link_agreement();
+      adopt_link_agreements(kLinkAgreementLag - 1);
       link_meter_->begin_backward();
     }
     policy_->begin_iteration(bucket_bytes_, link_model_);
@@ -291,7 +292,7 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
     }
     next_eligible_ += 1;
     if (link_meter_) {
-      link_meter_->tick(now_ns());
+      link_meter_->tick(backend_->stamp());
     }
     issue(policy_->on_eligible(b));
   }
@@ -333,10 +334,7 @@ void Engine::end_backward() {
 
 // After every reduction of this backward, in the same place on every rank.
 void Engine::start_link_agreement() {
-  TORCH_CHECK(!link_pending_, "dearcomm: the link model's last all-reduce was never waited for");
-  const std::vector<int64_t> figures = link_meter_->figures();
-  std::copy(figures.begin(), figures.end(), link_figures_.data_ptr<int64_t>());
-  link_pending_ = backend_->all_reduce(link_figures_);
+  link_agreements_.push_back(backend_->sum_host(link_meter_->figures()));
 }
 
 void Engine::pin_link_model(std::vector<int64_t> drained) {
@@ -348,26 +346,27 @@ void Engine::pin_link_model(std::vector<int64_t> drained) {
     TORCH_CHECK_VALUE(bytes >= 0, "dearcomm: a link model drains >= 0 bytes per tick, got ", bytes);
   }
   if (link_meter_) {
-    finish_link_agreement();  // issued by every rank: wait for it before dropping the meter
+    adopt_link_agreements(0);  // issued by every rank: wait for them before dropping the meter
     link_meter_.reset();
   }
   link_model_ = std::move(drained);
 }
 
-void Engine::finish_link_agreement() {
-  if (!link_pending_) {
-    return;
+// Oldest first, until `keep` are left: the same ones on every rank, at the
+// same call, whatever their sums' progress.
+void Engine::adopt_link_agreements(size_t keep) {
+  while (link_agreements_.size() > keep) {
+    const std::unique_ptr<PendingSum> sum = std::move(link_agreements_.front());  // waited for once, either way
+    link_agreements_.pop_front();
+    std::vector<int64_t> summed;
+    try {
+      summed = sum->result(options_.timeout);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the sum of the link figures (",
+          link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
+    }
+    link_model_ = link_meter_->model(summed, backend_->world_size());
   }
-  const std::unique_ptr<PendingCollective> pending = std::move(link_pending_);  // waited for once, either way
-  try {
-    pending->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the all-reduce of the link model (",
-        link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
-  }
-  const int64_t* summed = link_figures_.data_ptr<int64_t>();
-  link_model_ = link_meter_->model(std::vector<int64_t>(summed, summed + link_meter_->num_figures()),
-                                   backend_->world_size());
 }
 
 std::vector<int64_t> Engine::missing_grads() const {
@@ -438,7 +437,8 @@ void Engine::start_reduction(int64_t b) {
     }
   }
   // Stamped before the launch: a small collective may complete before it returns.
-  bucket.launched_ns = tracing_ || link_meter_ ? now_ns() : -1;
+  bucket.launched_ns = tracing_ ? now_ns() : -1;
+  bucket.launch_stamp = link_meter_ ? backend_->stamp() : nullptr;
   if (reduction_ == Collective::kReduceScatter) {
     DEARCOMM_RANGE("reduce_scatter", b);
     bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
@@ -480,7 +480,7 @@ void Engine::finish_reduction(int64_t b) {
     }
     trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
     if (link_meter_) {
-      link_meter_->reduction_done(bucket.launched_ns, bucket.pending->completed_ns(), bucket_bytes_[b]);
+      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), bucket_bytes_[b]);
     }
   }
   bucket.pending.reset();
@@ -704,7 +704,9 @@ void Engine::require_bucket(int64_t b) {
 }
 
 void Engine::flush() {
-  finish_link_agreement();  // sync() and eval leave nothing of the last backward in flight
+  if (link_meter_) {
+    adopt_link_agreements(0);  // sync() and eval leave nothing of the last backward in flight
+  }
   if (state_ != IterationState::kGathering) {
     return;
   }

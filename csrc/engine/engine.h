@@ -40,6 +40,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -256,15 +257,18 @@ class Engine {
   int64_t prefetch_misses_ = 0;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
   std::vector<int64_t> bucket_bytes_;  // per bucket, in its communication dtype: what the policy weighs
-  // Policies that queue under a credit (uses_link_model) on a backend that
-  // reports completion times: the meter, its all-reduce (issued at the end of
-  // a backward, waited for at the next one's start) and the agreed model.
+  // Policies that queue under a credit (uses_link_model): the meter, the sums
+  // of its figures in flight (one started at the end of each backward) and
+  // the agreed model. The sum started at the end of backward i is adopted
+  // when backward i + kLinkAgreementLag begins (or at sync()): by then it is
+  // done even where it queues behind that backward's reductions (one NCCL
+  // stream), so adopting it never makes the host wait for the device.
+  static constexpr size_t kLinkAgreementLag = 2;
   std::unique_ptr<LinkMeter> link_meter_;
-  at::Tensor link_figures_;
-  std::unique_ptr<PendingCollective> link_pending_;
+  std::deque<std::unique_ptr<PendingSum>> link_agreements_;
   std::vector<int64_t> link_model_;
   void start_link_agreement();
-  void finish_link_agreement();
+  void adopt_link_agreements(size_t keep);
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

@@ -3,49 +3,104 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace dearcomm {
 
 void LinkMeter::begin_backward() {
-  tick_ns_.clear();
+  ticks_.clear();
+  measure_rate();
+}
+
+void LinkMeter::measure_rate() {
   if (reductions_.empty()) {
     return;  // keep the last rate: an iteration without measured reductions says nothing new
   }
-  std::sort(reductions_.begin(), reductions_.end(),
-            [](const Interval& a, const Interval& b) { return a.begin_ns < b.begin_ns; });
+  // Times from the first launch that has one (they are close together).
+  const Stamp* origin = nullptr;
+  for (const Reduction& r : reductions_) {
+    if (r.launched->since(*r.launched)) {
+      origin = r.launched.get();
+      break;
+    }
+  }
+  struct Interval {
+    int64_t begin_ns, end_ns, bytes;
+  };
+  std::vector<Interval> timed;
+  std::vector<Reduction> untimed;
+  for (Reduction& r : reductions_) {
+    const std::optional<int64_t> begin = origin ? r.launched->since(*origin) : std::nullopt;
+    const std::optional<int64_t> end = origin && r.finished ? r.finished->since(*origin) : std::nullopt;
+    if (begin && end) {
+      if (*end >= *begin) {
+        timed.push_back({*begin, *end, r.bytes});
+      }
+    } else if (++r.age < kKeepBackwards) {
+      untimed.push_back(std::move(r));
+    }
+  }
+  reductions_ = std::move(untimed);
+  std::sort(timed.begin(), timed.end(), [](const Interval& a, const Interval& b) { return a.begin_ns < b.begin_ns; });
   // The union of the in-flight intervals: the time the link was busy.
   int64_t busy_ns = 0, bytes = 0, covered_to = INT64_MIN;
-  for (const Interval& r : reductions_) {
+  for (const Interval& r : timed) {
     const int64_t from = std::max(r.begin_ns, covered_to);
     busy_ns += std::max<int64_t>(0, r.end_ns - from);
     covered_to = std::max(covered_to, r.end_ns);
     bytes += r.bytes;
   }
-  reductions_.clear();
   if (busy_ns > 0) {
     rate_bytes_per_ms_ = std::max<int64_t>(1, static_cast<int64_t>(
         static_cast<__int128>(bytes) * 1000000 / busy_ns));
   }
 }
 
-void LinkMeter::tick(int64_t now_ns) {
-  tick_ns_.push_back(now_ns);
+void LinkMeter::tick(std::shared_ptr<const Stamp> at) {
+  ticks_.push_back(std::move(at));
 }
 
-void LinkMeter::reduction_done(int64_t launched_ns, int64_t completed_ns, int64_t bytes) {
-  if (launched_ns >= 0 && completed_ns >= launched_ns) {
-    reductions_.push_back({launched_ns, completed_ns, bytes});
+void LinkMeter::reduction(std::shared_ptr<const Stamp> launched, std::shared_ptr<const Stamp> finished,
+                          int64_t bytes) {
+  if (launched) {
+    reductions_.push_back({std::move(launched), std::move(finished), bytes, 0});
   }
 }
 
-std::vector<int64_t> LinkMeter::figures() const {
-  TORCH_CHECK(static_cast<int64_t>(tick_ns_.size()) == num_ticks_,
-      "dearcomm: the link meter saw ", tick_ns_.size(), " of ", num_ticks_, " ticks in this backward");
-  std::vector<int64_t> out(num_figures(), 0);
-  out[0] = rate_bytes_per_ms_ > 0 ? 1 : 0;
-  out[1] = std::max<int64_t>(0, rate_bytes_per_ms_);
+bool LinkMeter::measure_spacing(const std::vector<std::shared_ptr<const Stamp>>& ticks) {
+  std::vector<int64_t> gaps(num_ticks_, 0);
   for (int64_t k = 1; k < num_ticks_; ++k) {
-    out[2 + k] = (tick_ns_[k] - tick_ns_[k - 1]) / 1000;
+    const std::optional<int64_t> gap = ticks[k]->since(*ticks[k - 1]);
+    if (!gap) {
+      return false;
+    }
+    gaps[k] = std::max<int64_t>(0, *gap) / 1000;
+  }
+  gaps_us_ = std::move(gaps);
+  return true;
+}
+
+std::vector<int64_t> LinkMeter::figures() {
+  TORCH_CHECK(static_cast<int64_t>(ticks_.size()) == num_ticks_,
+      "dearcomm: the link meter saw ", ticks_.size(), " of ", num_ticks_, " ticks in this backward");
+  untimed_.push_back(std::move(ticks_));
+  ticks_.clear();
+  // The newest backward whose ticks all have a time; it and older ones are done with.
+  for (size_t i = untimed_.size(); i-- > 0;) {
+    if (measure_spacing(untimed_[i])) {
+      untimed_.erase(untimed_.begin(), untimed_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      break;
+    }
+  }
+  while (untimed_.size() > static_cast<size_t>(kKeepBackwards)) {
+    untimed_.pop_front();
+  }
+  std::vector<int64_t> out(num_figures(), 0);
+  const bool known = rate_bytes_per_ms_ > 0 && !gaps_us_.empty();
+  out[0] = known ? 1 : 0;
+  if (known) {
+    out[1] = rate_bytes_per_ms_;
+    std::copy(gaps_us_.begin(), gaps_us_.end(), out.begin() + 2);
   }
   return out;
 }

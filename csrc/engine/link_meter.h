@@ -4,18 +4,25 @@
 //
 // Each rank measures the link's rate (the bytes its reductions carried over
 // the time at least one of them was in flight, launch to completion) and the
-// spacing of its ticks; one all-reduce of a few int64 per iteration sums the
-// ranks' figures, and their means are the model every rank uses. Integer
-// arithmetic on the summed figures makes the model bit-identical everywhere,
-// so every rank's queue still issues the same collectives in the same order.
+// spacing of its ticks; one sum of a few int64 over the ranks per iteration
+// gives their means, the model every rank uses. Integer arithmetic on the
+// summed figures makes the model bit-identical everywhere, so every rank's
+// queue still issues the same collectives in the same order.
 //
-// The lag: iteration i's reductions complete in the next forward, so the rate
-// they give is sent at the end of backward i+1 together with that backward's
-// tick spacing, and used from backward i+2 on. Before that, and where the
-// backend reports no completion times, there is no model.
+// Times are stamps on the backend's clock (comm_backend.h), read once they
+// have a time: at once on the CPU; on a GPU when the device got there, which
+// may be an iteration or two after the host. So each figure is the latest one
+// known: the reductions whose stamps have a time when a backward begins give
+// the rate, and the latest backward whose ticks all have a time gives the
+// spacing. Which iteration that was may differ between ranks; the sum every
+// rank adopts, and when (engine.h: kLinkAgreementLag), does not.
 #pragma once
 
+#include "comm_backend.h"
+
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <vector>
 
 namespace dearcomm {
@@ -24,29 +31,40 @@ class LinkMeter {
  public:
   explicit LinkMeter(int64_t num_ticks) : num_ticks_(num_ticks) {}
 
-  // A backward begins: the reductions recorded since the last one give the rate.
+  // A backward begins: the reductions whose stamps have a time give the rate.
   void begin_backward();
-  void tick(int64_t now_ns);
-  // A reduction of `bytes` was launched and completed at these steady_clock
-  // times (ns); ignored where the completion time is unknown (< 0).
-  void reduction_done(int64_t launched_ns, int64_t completed_ns, int64_t bytes);
+  void tick(std::shared_ptr<const Stamp> at);
+  // A reduction of `bytes` was launched and completes at these stamps.
+  void reduction(std::shared_ptr<const Stamp> launched, std::shared_ptr<const Stamp> finished, int64_t bytes);
 
-  // This rank's figures, to be summed over the ranks: [1 if it has a rate,
-  // rate in bytes per ms, then the gap before each tick in µs].
-  std::vector<int64_t> figures() const;
+  // The backward ended: this rank's figures, to be summed over the ranks:
+  // [1 if it has a rate and a tick spacing, rate in bytes per ms, then the gap
+  // before each tick in µs].
+  std::vector<int64_t> figures();
   int64_t num_figures() const { return 2 + num_ticks_; }
   // From the figures summed over `world_size` ranks: the bytes drained before
-  // each tick. Empty where some rank had no rate yet.
+  // each tick. Empty where some rank had no figures yet.
   std::vector<int64_t> model(const std::vector<int64_t>& summed, int64_t world_size) const;
 
+  // Stamps that never get a time (a backend that cannot tell) are dropped
+  // after this many backwards, so nothing grows without bound.
+  static constexpr int kKeepBackwards = 4;
+
  private:
-  struct Interval {
-    int64_t begin_ns, end_ns, bytes;
+  struct Reduction {
+    std::shared_ptr<const Stamp> launched, finished;
+    int64_t bytes;
+    int age;  // backwards it has waited for its stamps' times
   };
+  void measure_rate();
+  bool measure_spacing(const std::vector<std::shared_ptr<const Stamp>>& ticks);
+
   const int64_t num_ticks_;
-  std::vector<Interval> reductions_;  // since the last begin_backward
-  int64_t rate_bytes_per_ms_ = -1;    // -1: none measured
-  std::vector<int64_t> tick_ns_;      // this backward's ticks
+  std::vector<Reduction> reductions_;                               // recorded, not yet timed
+  std::vector<std::shared_ptr<const Stamp>> ticks_;                 // this backward's
+  std::deque<std::vector<std::shared_ptr<const Stamp>>> untimed_;   // earlier backwards' ticks, oldest first
+  int64_t rate_bytes_per_ms_ = -1;  // -1: none measured
+  std::vector<int64_t> gaps_us_;    // the latest timed backward's; empty: none
 };
 
 }  // namespace dearcomm

@@ -2,6 +2,8 @@
 
 #include "python_tls.h"
 
+#include "../../common/host_stamp.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -33,8 +35,7 @@ class Posting {
       }
       future->addCallback([progress](c10::ivalue::Future&) {
         if (progress->remaining.fetch_sub(1) == 1) {
-          progress->completed.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-              std::chrono::steady_clock::now().time_since_epoch()).count());
+          progress->completed.store(steady_now_ns());
         }
       });
     }
@@ -59,6 +60,10 @@ class Posting {
     return works_;
   }
   int64_t completed_ns() const { return progress_->completed.load(); }
+  // The completion time as a stamp: it has a time once complete() stamped it.
+  std::shared_ptr<const Stamp> finished() const {
+    return std::make_shared<HostStamp>(std::shared_ptr<const std::atomic<int64_t>>(progress_, &progress_->completed));
+  }
 
  private:
   void settle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::exception_ptr error) {
@@ -94,6 +99,7 @@ class WorkHandle final : public PendingCollective {
       : posting_(std::move(posting)), what_(what), finish_(std::move(finish)) {}
 
   int64_t completed_ns() const override { return posting_->completed_ns(); }
+  std::shared_ptr<const Stamp> finished() const override { return posting_->finished(); }
 
   void wait(std::chrono::milliseconds timeout) override {
     for (const auto& work : posting_->works(timeout, what_)) {
@@ -114,6 +120,28 @@ class WorkHandle final : public PendingCollective {
   std::shared_ptr<Posting> posting_;
   const char* what_;
   std::function<void()> finish_;
+};
+
+// A sum of host integers: gloo sums them in a tensor of their own.
+class HostSum final : public PendingSum {
+ public:
+  HostSum(at::Tensor values, c10::intrusive_ptr<c10d::Work> work) : values_(std::move(values)), work_(std::move(work)) {}
+  std::vector<int64_t> result(std::chrono::milliseconds timeout) override {
+    bool completed = false;
+    try {
+      completed = work_->wait(timeout);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "the sum of ", values_.numel(), " int64 over the ranks failed: ", e.what());
+    }
+    TORCH_CHECK(completed, "the sum of ", values_.numel(), " int64 over the ranks did not finish within ",
+                timeout.count(), " ms");
+    const int64_t* summed = values_.data_ptr<int64_t>();
+    return std::vector<int64_t>(summed, summed + values_.numel());
+  }
+
+ private:
+  at::Tensor values_;
+  c10::intrusive_ptr<c10d::Work> work_;
 };
 
 // DEARCOMM_CPU_POSTER=0 posts on the training thread, as before the poster
@@ -224,6 +252,20 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Ten
   auto posting = std::make_shared<Posting>();  // gloo's own threads run it: posted at once
   posting->complete({group_->allreduce(tensors)});
   return std::make_unique<WorkHandle>(std::move(posting), "all-reduce");
+}
+
+std::shared_ptr<const Stamp> ProcessGroupBackend::stamp() {
+  return std::make_shared<HostStamp>(steady_now_ns());
+}
+
+std::unique_ptr<PendingSum> ProcessGroupBackend::sum_host(const std::vector<int64_t>& values) {
+  WithoutPythonTLS no_python_objects;
+  NoProfilerRecordInWorks no_records;
+  at::Tensor tensor = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(values.begin(), values.end(), tensor.data_ptr<int64_t>());
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = group_->allreduce(tensors);
+  return std::make_unique<HostSum>(std::move(tensor), std::move(work));
 }
 
 void ProcessGroupBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,

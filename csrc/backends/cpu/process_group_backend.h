@@ -21,7 +21,8 @@ class ProcessGroupBackend final : public CommBackend {
   std::string name() const override;
   int rank() const override { return group_->getRank(); }
   int world_size() const override { return group_->getSize(); }
-  bool reports_completion_times() const override { return true; }  // gloo stamps them; buffers are host memory
+  std::shared_ptr<const Stamp> stamp() override;
+  std::unique_ptr<PendingSum> sum_host(const std::vector<int64_t>& values) override;
 
   // gloo has no true reduce-scatter: c10d's gloo reduce_scatter all-reduces the
   // whole buffer, twice DeAR's traffic. This one sends each rank its chunk

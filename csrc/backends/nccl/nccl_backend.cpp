@@ -8,6 +8,12 @@
 #include "nccl_check.h"
 
 #include <ATen/ATen.h>
+// Its alignas(hardware_destructive_interference_size) warns under GCC (an ABI
+// note about torch's own layout, fixed when torch was built).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winterference-size"
+#include <ATen/core/CachingHostAllocator.h>
+#pragma GCC diagnostic pop
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -89,8 +95,11 @@ class GilRelease {
 class NcclPending final : public PendingCollective {
  public:
   NcclPending(std::shared_ptr<void> done, std::shared_ptr<Watchdog> watchdog, c10::DeviceIndex device,
-              bool drop_edge)
-      : done_(std::move(done)), watchdog_(std::move(watchdog)), device_(device), drop_edge_(drop_edge) {}
+              bool drop_edge, std::shared_ptr<const Stamp> finished)
+      : done_(std::move(done)), watchdog_(std::move(watchdog)), device_(device), drop_edge_(drop_edge),
+        finished_(std::move(finished)) {}
+
+  std::shared_ptr<const Stamp> finished() const override { return finished_; }
 
   void wait(std::chrono::milliseconds /*timeout: enforced by the Watchdog*/) override {
     watchdog_->check();
@@ -108,6 +117,41 @@ class NcclPending final : public PendingCollective {
   std::shared_ptr<Watchdog> watchdog_;
   c10::DeviceIndex device_;
   bool drop_edge_;
+  std::shared_ptr<const Stamp> finished_;
+};
+
+// A sum of host integers: the result lands in pinned memory when `done_`
+// does. The host polls, as the Watchdog does, and never holds the GIL meanwhile.
+class NcclSum final : public PendingSum {
+ public:
+  NcclSum(at::Tensor host, std::shared_ptr<void> done, std::shared_ptr<Watchdog> watchdog)
+      : host_(std::move(host)), done_(std::move(done)), watchdog_(std::move(watchdog)) {}
+
+  std::vector<int64_t> result(std::chrono::milliseconds timeout) override {
+    const GilRelease no_gil;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    CudaCompletion completion(done_);
+    std::string error;
+    for (;;) {
+      watchdog_->check();  // raises a failure the watchdog saw (raise mode)
+      const Completion::Status status = completion.poll(&error);
+      TORCH_CHECK(status != Completion::Status::kFailed, "the sum of ", host_.numel(),
+                  " int64 over the ranks failed: ", error);
+      if (status == Completion::Status::kDone) {
+        break;
+      }
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "the sum of ", host_.numel(),
+                  " int64 over the ranks did not finish within ", timeout.count(), " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    const int64_t* summed = host_.data_ptr<int64_t>();
+    return std::vector<int64_t>(summed, summed + host_.numel());
+  }
+
+ private:
+  at::Tensor host_;
+  std::shared_ptr<void> done_;
+  std::shared_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace
@@ -222,7 +266,7 @@ void NcclBackend::check_tensor(const at::Tensor& t, const char* what, const char
 
 std::unique_ptr<PendingCollective> NcclBackend::enqueue(
     const char* what, const std::vector<at::Tensor>& touched,
-    const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op) {
+    const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op, std::shared_ptr<void>* done_out) {
   const c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
   watchdog_->check();
@@ -249,8 +293,57 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
   DEARCOMM_NCCL_CHECK(op(comm_, stream_.stream()));
   std::shared_ptr<void> done = events_->acquire();
   DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(done), stream_.stream()));
+  std::shared_ptr<const Stamp> finished;
+  if (timing_) {
+    std::shared_ptr<void> timed = timing_events()->acquire();
+    DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(timed), stream_.stream()));
+    finished = std::make_shared<CudaStamp>(std::move(timed));
+  }
   watchdog_->watch(std::make_shared<CudaCompletion>(done), what);
-  return std::make_unique<NcclPending>(std::move(done), watchdog_, device_, debug_.drop_edge == "done");
+  if (done_out != nullptr) {
+    *done_out = done;
+  }
+  return std::make_unique<NcclPending>(std::move(done), watchdog_, device_, debug_.drop_edge == "done",
+                                       std::move(finished));
+}
+
+const std::shared_ptr<HandlePool>& NcclBackend::timing_events() {
+  if (!timing_events_) {
+    timing_events_ = make_cuda_event_pool(device_, /*timing=*/true);
+  }
+  return timing_events_;
+}
+
+std::shared_ptr<const Stamp> NcclBackend::stamp() {
+  const c10::cuda::CUDAGuard guard(device_);
+  std::shared_ptr<void> event = timing_events()->acquire();
+  DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(event), c10::cuda::getCurrentCUDAStream(device_).stream()));
+  return std::make_shared<CudaStamp>(std::move(event));
+}
+
+std::unique_ptr<PendingSum> NcclBackend::sum_host(const std::vector<int64_t>& values) {
+  const c10::cuda::CUDAGuard guard(device_);
+  const int64_t n = static_cast<int64_t>(values.size());
+  const auto pinned = at::TensorOptions().dtype(at::kLong).pinned_memory(true);
+  at::Tensor staged = at::empty({n}, pinned);
+  std::copy(values.begin(), values.end(), staged.data_ptr<int64_t>());
+  at::Tensor device = at::empty({n}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device_));
+  device.copy_(staged, /*non_blocking=*/true);  // on the compute stream, before enqueue's "ready" edge
+  at::Tensor result = at::empty({n}, pinned);
+  // The pinned result is not handed out again before the copy into it ran,
+  // even if this sum is dropped unread.
+  at::getHostAllocator(at::kCUDA)->record_event(result.data_ptr(), result.storage().data_ptr().get_context(),
+                                                stream_.get().unwrap());
+  std::shared_ptr<void> done;
+  enqueue("sum of the link figures", {device}, [&](ncclComm_t comm, cudaStream_t stream) {
+    const ncclResult_t sum = ncclAllReduce(device.data_ptr(), device.data_ptr(), n, ncclInt64, ncclSum, comm, stream);
+    if (sum == ncclSuccess) {
+      DEARCOMM_CUDA_CHECK(cudaMemcpyAsync(result.data_ptr(), device.data_ptr(), n * sizeof(int64_t),
+                                          cudaMemcpyDeviceToHost, stream));
+    }
+    return sum;
+  }, &done);
+  return std::make_unique<NcclSum>(std::move(result), std::move(done), watchdog_);
 }
 
 std::unique_ptr<PendingCollective> NcclBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {

@@ -77,6 +77,11 @@ class NcclBackend final : public CommBackend {
   std::unique_ptr<PendingCollective> reduce_scatter(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) override;
+  std::shared_ptr<const Stamp> stamp() override;
+  void time_collectives() override { timing_ = true; }
+  // H2D on the compute stream, all-reduce and D2H into pinned memory on the
+  // communicator's stream; the result polls the last event.
+  std::unique_ptr<PendingSum> sum_host(const std::vector<int64_t>& values) override;
   void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
             const at::Tensor& flat, double scale) override;
   void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
@@ -86,9 +91,13 @@ class NcclBackend final : public CommBackend {
   int64_t events_created() const { return events_->created(); }
 
  private:
+  // The launch of every collective, with the edges of Note [Stream order];
+  // `done` (null: one from the pool) is recorded after it.
   std::unique_ptr<PendingCollective> enqueue(const char* what, const std::vector<at::Tensor>& touched,
-                                             const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op);
+                                             const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& op,
+                                             std::shared_ptr<void>* done_out = nullptr);
   void check_tensor(const at::Tensor& t, const char* what, const char* role) const;
+  const std::shared_ptr<HandlePool>& timing_events();
   void on_failure(const std::string& reason);
 
   const int rank_;
@@ -102,6 +111,8 @@ class NcclBackend final : public CommBackend {
   std::timed_mutex nccl_mutex_;  // held by every NCCL call on comm_ (Note [Failure])
   bool aborted_ = false;         // guarded by nccl_mutex_; once set, no NCCL call starts
   std::shared_ptr<HandlePool> events_;
+  std::shared_ptr<HandlePool> timing_events_;  // stamps: created on first use
+  bool timing_ = false;  // time_collectives(): each collective's finished() is a stamp
   std::shared_ptr<Watchdog> watchdog_;  // shared with pending handles, which may outlive the backend
 };
 
