@@ -132,8 +132,7 @@ py::dict policy_ops(const std::string& schedule, const std::string& update,
   out["events"] = events;
   out["update_strategy"] = to_string(policy->update_strategy());
   out["reduction"] = to_string(policy->reduction());
-  out["finish_reductions_at_end_of_backward"] = policy->finish_reductions_at_end_of_backward();
-  out["finish_reductions_in_forward"] = policy->finish_reductions_in_forward();
+  out["reductions_waited"] = to_string(policy->reductions_waited());
   out["uses_link_model"] = policy->uses_link_model();
   return out;
 }
@@ -292,9 +291,10 @@ PYBIND11_MODULE(_C, m) {
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)
       .def("end_backward", &Engine::end_backward, release())
-      .def_property_readonly("finishes_reductions_at_end_of_backward",
-                             &Engine::finishes_reductions_at_end_of_backward)
-      .def_property_readonly("finishes_reductions_in_forward", &Engine::finishes_reductions_in_forward)
+      .def_property_readonly("reductions_waited",
+                             [](const Engine& e) { return std::string(to_string(e.reductions_waited())); },
+                             "Where the reductions are waited for: 'when_backward_returns', 'in_step' or "
+                             "'in_next_forward' (schedule/policy.h)")
       .def_property_readonly("update_strategy", [](const Engine& e) { return to_string(e.update_strategy()); })
       .def_property_readonly("reduction", [](const Engine& e) { return to_string(e.reduction()); })
       .def_property_readonly("packed_params", &Engine::packed_params)

@@ -77,7 +77,7 @@ class DistributedOptimizer(Optimizer):
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
         clipping = self._runtime.options.max_grad_norm is not None
-        if scaling or clipping or not engine.finishes_reductions_in_forward:
+        if scaling or clipping or engine.reductions_waited != "in_next_forward":
             engine.finish_reductions()  # else (bytescheduler) the next forward waits for each bucket's
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
         self._check_grads_untouched(allowed_changes=1 if user_unscaled else 0)

@@ -197,7 +197,7 @@ class DearRuntime:
                     grad = self._zeros[i]
                 engine.mark_grad_ready(i, grad)
         engine.end_backward()  # raises naming parameters without a gradient; issues what the schedule held back
-        if engine.finishes_reductions_at_end_of_backward:
+        if engine.reductions_waited == "when_backward_returns":
             engine.finish_reductions()  # the schedule's choice (wfbp: .grad holds the average, as with DDP)
         elif engine.uses_grad_views:
             # The reductions read .grad's memory: done before the user's code

@@ -44,7 +44,7 @@ def test_dear_reduce_scatters_each_eligible_bucket_and_gathers_all_at_step(updat
     assert events["end_of_backward"] == []
     assert events["step"] == [("all_gather", b) for b in range(B)]  # forward order: bucket 0 lands first
     assert result["reduction"] == "reduce_scatter"
-    assert result["finish_reductions_at_end_of_backward"] is False  # step() waits for them
+    assert result["reductions_waited"] == "in_step"
     assert result["update_strategy"] == REGISTRY["dear"]["updates"][update]
 
 
@@ -54,7 +54,7 @@ def test_wfbp_all_reduces_each_eligible_bucket_and_finishes_them_when_backward_r
     assert events["end_of_backward"] == []
     assert events["step"] == []  # nothing to gather: the user's optimizer updated full parameters
     assert result["reduction"] == "all_reduce"
-    assert result["finish_reductions_at_end_of_backward"] is True
+    assert result["reductions_waited"] == "when_backward_returns"
     assert result["update_strategy"] == "full_after_reduction"
 
 
@@ -96,8 +96,7 @@ def test_bytescheduler_all_reduces_under_its_credit_and_leaves_them_to_the_next_
     assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
     assert events["end_of_backward"] == [] and events["step"] == []
     assert result["reduction"] == "all_reduce" and result["update_strategy"] == "replicated_before_use"
-    assert result["finish_reductions_at_end_of_backward"] is False
-    assert result["finish_reductions_in_forward"] is True  # step() does not wait: cross-iteration overlap
+    assert result["reductions_waited"] == "in_next_forward"  # step() does not wait: cross-iteration overlap
     assert result["uses_link_model"] is True
     assert not any(default_policy(name)["uses_link_model"] for name in ("dear", "wfbp"))
 

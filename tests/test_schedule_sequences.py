@@ -65,7 +65,7 @@ def one_iteration(rank, world_size, schedule, update, credit):
     engine.check_backward_complete()
     engine.end_backward()
     note()
-    if not engine.finishes_reductions_in_forward:
+    if engine.reductions_waited != "in_next_forward":
         engine.finish_reductions()  # step(): wait for every reduction ...
         note()
     engine.start_gathers()      # ... and issue what the next forward needs

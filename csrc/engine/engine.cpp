@@ -505,14 +505,15 @@ void Engine::finish_reduction(int64_t b) {
 }
 
 void Engine::start_gathers() {
-  const bool reductions_pending = policy_->finish_reductions_in_forward() && state_ == IterationState::kBackward;
+  const bool in_forward = policy_->reductions_waited() == ReductionsWaited::kInNextForward;
+  const bool reductions_pending = in_forward && state_ == IterationState::kBackward;
   TORCH_CHECK(state_ == IterationState::kReduced || reductions_pending,
       "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
   if (reductions_pending) {
     end_backward();  // every reduction issued; the forward waits for them bucket by bucket
   }
   const std::vector<Op> ops = policy_->at_step(static_cast<int64_t>(buckets_.size()));
-  if (ops.empty() && !policy_->finish_reductions_in_forward()) {
+  if (ops.empty() && !in_forward) {
     mark_all_current();  // the user's optimizer updated full parameters in step()
     return;
   }
@@ -722,7 +723,7 @@ void Engine::flush() {
 
 void Engine::make_current(int64_t b) {
   BucketState state = buckets_[b].state;
-  if (state == BucketState::kReducing) {  // a reduction left running by step() (finish_reductions_in_forward)
+  if (state == BucketState::kReducing) {  // a reduction left running by step() (kInNextForward)
     finish_reduction(b);
     state = buckets_[b].state;
   }

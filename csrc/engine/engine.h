@@ -111,12 +111,11 @@ class Engine {
   // Backward is over: checks it is complete and issues the ops the policy
   // held back until then. Idempotent; finish_reductions() calls it too.
   void end_backward();
-  // The policy's answer: wait for the reductions when backward returns (the
-  // runtime also does so where .grad views are what they read).
-  bool finishes_reductions_at_end_of_backward() const { return policy_->finish_reductions_at_end_of_backward(); }
-  // The policy's answer: step() leaves the reductions running and the next
-  // forward waits for them bucket by bucket (require_bucket).
-  bool finishes_reductions_in_forward() const { return policy_->finish_reductions_in_forward(); }
+  // The policy's answer. kWhenBackwardReturns: the runtime waits for them
+  // then (it also does so where .grad views are what they read);
+  // kInNextForward: step() leaves them running and the next forward waits for
+  // them bucket by bucket (require_bucket).
+  ReductionsWaited reductions_waited() const { return policy_->reductions_waited(); }
   UpdateStrategy update_strategy() const;
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
@@ -149,8 +148,8 @@ class Engine {
   // Issues the policy's step ops (dear: every all-gather, in bucket order); the
   // next forward's hooks wait for them bucket by bucket. The first call in
   // sharded mode makes parameters views into the gathered buffers. No ops
-  // (wfbp): nothing to gather, back to kIdle. With finish_reductions_in_forward
-  // (bytescheduler) it may come before finish_reductions(): the reductions are
+  // (wfbp): nothing to gather, back to kIdle. With reductions waited
+  // kInNextForward (bytescheduler) it may come before finish_reductions(): the reductions are
   // then what the next forward waits for.
   void start_gathers();
   // Ends a step whose update is skipped (a GradScaler found inf/NaN on every

@@ -29,8 +29,7 @@ class ByteSchedulerPolicy final : public SchedulePolicy {
     return queue_.tick(tick < drained_.size() ? drained_[tick] : OpQueue::kDrainedAll);
   }
   std::vector<Op> at_end_of_backward() override { return queue_.release_all(); }
-  bool finish_reductions_at_end_of_backward() const override { return false; }
-  bool finish_reductions_in_forward() const override { return true; }
+  ReductionsWaited reductions_waited() const override { return ReductionsWaited::kInNextForward; }
   std::vector<Op> at_step(int64_t) override { return {}; }  // all-reduced: nothing to gather
 
  private:

@@ -24,8 +24,8 @@ class DearPolicy final : public SchedulePolicy {
   UpdateStrategy update_strategy() const override { return update_; }
   Collective reduction() const override { return Collective::kReduceScatter; }
   std::vector<Op> on_eligible(int64_t bucket) override { return {{Collective::kReduceScatter, bucket}}; }
-  // step() waits for them; .grad keeps this rank's local gradient.
-  bool finish_reductions_at_end_of_backward() const override { return false; }
+  // The shard update reads the averaged shard; .grad keeps this rank's local gradient.
+  ReductionsWaited reductions_waited() const override { return ReductionsWaited::kInStep; }
   std::vector<Op> at_step(int64_t num_buckets) override {
     std::vector<Op> gathers;
     for (int64_t b = 0; b < num_buckets; ++b) {

@@ -20,4 +20,13 @@ const char* to_string(UpdateStrategy strategy) {
   return "?";
 }
 
+const char* to_string(ReductionsWaited where) {
+  switch (where) {
+    case ReductionsWaited::kWhenBackwardReturns: return "when_backward_returns";
+    case ReductionsWaited::kInStep: return "in_step";
+    case ReductionsWaited::kInNextForward: return "in_next_forward";
+  }
+  return "?";
+}
+
 }  // namespace dearcomm

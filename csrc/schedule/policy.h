@@ -35,6 +35,17 @@ enum class UpdateStrategy {
 };
 const char* to_string(UpdateStrategy strategy);  // "sharded_at_step", ...
 
+// Where the executor waits for a backward's reductions, and so what the next
+// forward waits for.
+enum class ReductionsWaited {
+  kWhenBackwardReturns,  // .grad holds averages when backward returns, as with DDP
+  kInStep,               // optimizer.step() waits for them (.grad keeps this rank's gradient)
+  kInNextForward,        // step() leaves them running; the next forward waits for each bucket's
+                         // reduction (and updates its parameters) right before the module that
+                         // needs it, so they overlap the next forward too (ByteScheduler)
+};
+const char* to_string(ReductionsWaited where);  // "when_backward_returns", ...
+
 class SchedulePolicy {
  public:
   virtual ~SchedulePolicy() = default;
@@ -64,14 +75,7 @@ class SchedulePolicy {
   // Every bucket was eligible: ops the policy still holds back. After them,
   // every bucket's reduction must have been issued.
   virtual std::vector<Op> at_end_of_backward() { return {}; }
-  // Whether the reductions are waited for when backward returns (.grad then
-  // holds averages, as with DDP) rather than in step().
-  virtual bool finish_reductions_at_end_of_backward() const = 0;
-  // Whether step() leaves the reductions running: the next forward then waits
-  // for each bucket's reduction (and updates its parameters) right before the
-  // module that needs it, so communication overlaps the next forward too
-  // (ByteScheduler's cross-iteration overlap). False: step() waits for them.
-  virtual bool finish_reductions_in_forward() const { return false; }
+  virtual ReductionsWaited reductions_waited() const = 0;
   // optimizer.step(), after the reductions finished (and, sharded, the shard
   // update): ops whose results the next forward consumes. None: every
   // parameter is current once step() returns.

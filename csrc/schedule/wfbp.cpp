@@ -11,7 +11,7 @@ class WfbpPolicy final : public SchedulePolicy {
   UpdateStrategy update_strategy() const override { return UpdateStrategy::kFullAfterReduction; }
   Collective reduction() const override { return Collective::kAllReduce; }
   std::vector<Op> on_eligible(int64_t bucket) override { return {{Collective::kAllReduce, bucket}}; }
-  bool finish_reductions_at_end_of_backward() const override { return true; }
+  ReductionsWaited reductions_waited() const override { return ReductionsWaited::kWhenBackwardReturns; }
   std::vector<Op> at_step(int64_t) override { return {}; }  // nothing to gather: parameters are current
 };
 
