@@ -101,11 +101,16 @@ class WorkHandle final : public PendingCollective {
   int64_t completed_ns() const override { return posting_->completed_ns(); }
   std::shared_ptr<const Stamp> finished() const override { return posting_->finished(); }
 
+  // One deadline for posting and every Work: `timeout` bounds the whole wait.
   void wait(std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (const auto& work : posting_->works(timeout, what_)) {
+      // At least 1 ms: c10d reads a zero timeout as "no timeout".
+      const auto left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now()));
       bool completed = false;
       try {
-        completed = work->wait(timeout);
+        completed = work->wait(left);
       } catch (const std::exception& e) {
         TORCH_CHECK(false, what_, " failed: ", e.what());
       }
