@@ -52,7 +52,7 @@ class WrapOptions:
     link is idle); the rest wait in the queue, where a more urgent one can
     still overtake them, and all go when backward ends. The bytes in flight
     are modelled from a link rate and tick spacing that every rank measures
-    and all agree on (csrc/engine/link_meter.h), from the third backward on;
+    and all agree on (csrc/engine/link_meter.h), from the fourth backward on;
     until then every all-reduce goes when ready. Small: more reordering;
     large: all-reduces go as soon as ready, as in WFBP. None: 64 MiB (16 M
     fp32 parameters, the paper's recommendation for all-reduce)."""

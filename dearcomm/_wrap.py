@@ -86,7 +86,7 @@ def wrap(
         credit_mb: schedule="bytescheduler" only: MiB of all-reduces that may be
             in flight (default 64, the paper's); more wait in a priority queue,
             input side first. In flight is modelled from a link rate and tick
-            spacing all ranks measure and agree on, from the third backward on.
+            spacing all ranks measure and agree on, from the fourth backward on.
             It reorders only where the partitions are well below the model's
             size: on a slow link partition_mb=4 with credit_mb=4 (one
             partition in flight) was fastest, 8 and 16 as fast on an MLP and

@@ -52,8 +52,8 @@ def test_no_model_until_every_rank_has_a_rate():
     assert _C._testing.LinkMeter(2).model([2 * x for x in with_rate], 2) != []
 
 
-def test_unknown_completions_are_ignored_and_a_backward_without_reductions_keeps_the_rate():
-    meter = meter_after_one_backward(2, [(0, 10, MIB), (0, -1, 100 * MIB), (12, 11, 100 * MIB)], [0, 1])
+def test_a_completion_before_its_launch_is_ignored_and_a_backward_without_reductions_keeps_the_rate():
+    meter = meter_after_one_backward(2, [(0, 10, MIB), (12, 11, 100 * MIB)], [0, 1])
     assert meter.figures()[:2] == [1, MIB // 10]
     meter.begin_backward()  # no reductions recorded since the last one
     for t in (0, 3):
@@ -108,18 +108,39 @@ def test_stamps_without_a_time_yet_count_once_they_have_one():
     assert meter.figures() == [1, MIB, 0, 2000]
 
 
-def test_a_reduction_without_a_time_is_dropped_after_a_few_backwards():
-    """Reductions whose stamps never get a time (a backend that cannot tell)
-    do not hold back the others, and are dropped after kKeepBackwards (4)."""
+def test_a_backwards_reductions_are_measured_together_once_all_have_a_time():
+    """Part of a batch would undercount: on one NCCL stream a reduction's
+    launch-to-completion time includes its wait behind the others."""
+    meter = _C._testing.LinkMeter(1)
+    meter.begin_backward()
+    launched, completed = _C._testing.LateStamp(), _C._testing.LateStamp()
+    meter.reduction_done(0, 10 * MS, MIB)
+    meter.reduction_done(launched, completed, MIB)
+    meter.begin_backward()
+    meter.tick(0)
+    assert meter.figures()[0] == 0  # one of the two has no time yet: neither counts
+    launched.set(5 * MS)
+    completed.set(20 * MS)
+    meter.begin_backward()
+    meter.tick(0)
+    assert meter.figures()[:2] == [1, 2 * MIB // 20]  # busy 0-20 ms
+
+
+def test_a_reduction_that_never_gets_a_time_is_given_up_after_a_few_backwards():
+    """Stamps that never get a time (a backend that cannot tell) hold their
+    batch back for kKeepBackwards (4) backwards; then the rest of it counts."""
     meter = _C._testing.LinkMeter(1)
     meter.begin_backward()
     launched, completed = _C._testing.LateStamp(), _C._testing.LateStamp()
     meter.reduction_done(launched, completed, 100 * MIB)
     meter.reduction_done(0, 10 * MS, MIB)
-    for _ in range(4):
+    for _ in range(3):
         meter.begin_backward()
         meter.tick(0)
-        assert meter.figures()[:2] == [1, MIB // 10]
+        assert meter.figures()[0] == 0
+    meter.begin_backward()
+    meter.tick(0)
+    assert meter.figures()[:2] == [1, MIB // 10]
     launched.set(0)
     completed.set(10 * MS)  # too late: 10 MiB/ms would be counted if it were kept
     meter.begin_backward()

@@ -132,10 +132,11 @@ BIG_SIZES = [2**20, 2**20, 2**20, 2**20]  # 4 MiB each: one bucket per tensor un
 ITERATIONS = 6
 
 
-def link_model_worker(rank, world_size):
+def link_model_worker(rank, world_size, rank0_syncs=False):
     """bytescheduler over several iterations, one bucket of credit, the ranks'
     backwards paced differently (rank 1 sleeps between gradients): what each
-    rank issues, and the link model each backward ran on."""
+    rank issues, and the link model each backward ran on. `rank0_syncs`:
+    rank 0 alone also syncs after every step, as a rank-0-only checkpoint does."""
     import time
     layout, engine = traced_engine(BIG_SIZES, 4 * 2**20, world_size, "bytescheduler", "replicated", 4 * 2**20)
     models, sequences = [], []
@@ -150,12 +151,15 @@ def link_model_worker(rank, world_size):
         for b in range(len(layout.buckets)):
             engine.require_bucket(b)
         sequences.append(issued(engine))
+        if rank0_syncs and rank == 0:
+            engine.flush()
     engine.flush()
     return len(layout.buckets), models, sequences
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identical(world_size):
+@pytest.mark.parametrize("world_size, rank0_syncs", [(2, False), (3, False), (2, True)],
+                         ids=["2", "3", "2-rank0-syncs"])
+def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identical(world_size, rank0_syncs):
     """Guards the credit's link model: each rank measures its own rate and
     tick spacing, but the policy must get the same figures everywhere, or
     ranks with differently paced backwards would queue differently and pair
@@ -163,7 +167,7 @@ def test_link_model_is_agreed_by_every_rank_and_keeps_their_collectives_identica
     0's rate is known only in iteration 1's forward, summed at the end of
     backward 1, and adopted when backward 3 begins (kLinkAgreementLag = 2,
     engine.h: on a GPU the sum queues behind backward 1's reductions)."""
-    results = run_workers(link_model_worker, world_size)
+    results = run_workers(link_model_worker, world_size, rank0_syncs)
     buckets, models, sequences = results[0]
     assert buckets == len(BIG_SIZES)
     for rank, (_, other_models, other_sequences) in enumerate(results):

@@ -249,14 +249,14 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
       bucket.ready = 0;
       bucket.state = BucketState::kFilling;
     }
+    if (link_meter_) {
+      adopt_link_agreements(kLinkAgreementLag - 1);  // first: if it fails, no backward has begun
+      link_meter_->begin_backward();
+    }
     next_eligible_ = 0;
     backward_ended_ = false;
     packed_params_ = 0;
     state_ = IterationState::kBackward;
-    if (link_meter_) {
-      adopt_link_agreements(kLinkAgreementLag - 1);
-      link_meter_->begin_backward();
-    }
     policy_->begin_iteration(bucket_bytes_, link_model_);
   }
   TORCH_CHECK(!grad_ready_[param],
@@ -334,7 +334,7 @@ void Engine::end_backward() {
 
 // After every reduction of this backward, in the same place on every rank.
 void Engine::start_link_agreement() {
-  link_agreements_.push_back(backend_->sum_host(link_meter_->figures()));
+  link_agreements_.push_back({backend_->sum_host(link_meter_->figures()), {}});
 }
 
 void Engine::pin_link_model(std::vector<int64_t> drained) {
@@ -356,16 +356,24 @@ void Engine::pin_link_model(std::vector<int64_t> drained) {
 // same call, whatever their sums' progress.
 void Engine::adopt_link_agreements(size_t keep) {
   while (link_agreements_.size() > keep) {
-    const std::unique_ptr<PendingSum> sum = std::move(link_agreements_.front());  // waited for once, either way
+    settle(link_agreements_.front());
+    const std::vector<int64_t> summed = std::move(link_agreements_.front().summed);
     link_agreements_.pop_front();
-    std::vector<int64_t> summed;
-    try {
-      summed = sum->result(options_.timeout);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the sum of the link figures (",
-          link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
-    }
     link_model_ = link_meter_->model(summed, backend_->world_size());
+  }
+}
+
+// Waits for the sum; adopting it is left to adopt_link_agreements.
+void Engine::settle(LinkAgreement& agreement) {
+  if (!agreement.pending) {
+    return;
+  }
+  const std::unique_ptr<PendingSum> sum = std::move(agreement.pending);  // waited for once, either way
+  try {
+    agreement.summed = sum->result(options_.timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the sum of the link figures (",
+        link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
   }
 }
 
@@ -706,7 +714,12 @@ void Engine::require_bucket(int64_t b) {
 
 void Engine::flush() {
   if (link_meter_) {
-    adopt_link_agreements(0);  // sync() and eval leave nothing of the last backward in flight
+    // sync() and eval leave nothing in flight, but adopt nothing: they may run
+    // on one rank only (a rank-0 checkpoint), and the model a backward gets
+    // must depend on the backward's number alone.
+    for (LinkAgreement& agreement : link_agreements_) {
+      settle(agreement);
+    }
   }
   if (state_ != IterationState::kGathering) {
     return;

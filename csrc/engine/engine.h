@@ -257,17 +257,24 @@ class Engine {
   int64_t packed_params_ = 0;            // this backward, see packed_params()
   std::vector<int64_t> bucket_bytes_;  // per bucket, in its communication dtype: what the policy weighs
   // Policies that queue under a credit (uses_link_model): the meter, the sums
-  // of its figures in flight (one started at the end of each backward) and
-  // the agreed model. The sum started at the end of backward i is adopted
-  // when backward i + kLinkAgreementLag begins (or at sync()): by then it is
-  // done even where it queues behind that backward's reductions (one NCCL
-  // stream), so adopting it never makes the host wait for the device.
+  // of its figures (one started at the end of each backward) and the agreed
+  // model. The sum started at the end of backward i is adopted when backward
+  // i + kLinkAgreementLag begins, and only then (sync() waits for the sums but
+  // adopts none: it may run on one rank only), so every rank's backward n
+  // runs on the same model. By then the device has normally finished the sum
+  // even where it queued behind backward i's reductions (one NCCL stream), so
+  // adopting it seldom makes the host wait for the device.
   static constexpr size_t kLinkAgreementLag = 2;
+  struct LinkAgreement {
+    std::unique_ptr<PendingSum> pending;  // null once waited for
+    std::vector<int64_t> summed;
+  };
   std::unique_ptr<LinkMeter> link_meter_;
-  std::deque<std::unique_ptr<PendingSum>> link_agreements_;
+  std::deque<LinkAgreement> link_agreements_;
   std::vector<int64_t> link_model_;
   void start_link_agreement();
   void adopt_link_agreements(size_t keep);
+  void settle(LinkAgreement& agreement);
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

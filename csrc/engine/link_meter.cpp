@@ -13,9 +13,7 @@ void LinkMeter::begin_backward() {
 }
 
 void LinkMeter::measure_rate() {
-  if (reductions_.empty()) {
-    return;  // keep the last rate: an iteration without measured reductions says nothing new
-  }
+  ++batch_;
   // Times from the first launch that has one (they are close together).
   const Stamp* origin = nullptr;
   for (const Reduction& r : reductions_) {
@@ -27,20 +25,38 @@ void LinkMeter::measure_rate() {
   struct Interval {
     int64_t begin_ns, end_ns, bytes;
   };
+  // A batch (the reductions recorded between two backwards) is measured as a
+  // whole or not at all: a launch stamp counts the time a reduction queued
+  // behind the others (one NCCL stream), so part of a batch would count some
+  // of that time twice. Oldest first; one without all of its times waits,
+  // and the later ones with it, up to kKeepBackwards backwards, after which
+  // its untimed reductions are given up.
   std::vector<Interval> timed;
-  std::vector<Reduction> untimed;
-  for (Reduction& r : reductions_) {
-    const std::optional<int64_t> begin = origin ? r.launched->since(*origin) : std::nullopt;
-    const std::optional<int64_t> end = origin && r.finished ? r.finished->since(*origin) : std::nullopt;
-    if (begin && end) {
-      if (*end >= *begin) {
-        timed.push_back({*begin, *end, r.bytes});
+  size_t measured = 0;
+  while (measured < reductions_.size()) {
+    const int64_t batch = reductions_[measured].batch;
+    size_t end_of_batch = measured;
+    bool all_timed = true;
+    std::vector<Interval> batch_timed;
+    for (; end_of_batch < reductions_.size() && reductions_[end_of_batch].batch == batch; ++end_of_batch) {
+      const Reduction& r = reductions_[end_of_batch];
+      const std::optional<int64_t> begin = origin ? r.launched->since(*origin) : std::nullopt;
+      const std::optional<int64_t> end = origin && r.finished ? r.finished->since(*origin) : std::nullopt;
+      if (begin && end) {
+        if (*end >= *begin) {
+          batch_timed.push_back({*begin, *end, r.bytes});
+        }
+      } else {
+        all_timed = false;
       }
-    } else if (++r.age < kKeepBackwards) {
-      untimed.push_back(std::move(r));
     }
+    if (!all_timed && batch_ - batch < kKeepBackwards) {
+      break;
+    }
+    timed.insert(timed.end(), batch_timed.begin(), batch_timed.end());
+    measured = end_of_batch;
   }
-  reductions_ = std::move(untimed);
+  reductions_.erase(reductions_.begin(), reductions_.begin() + static_cast<std::ptrdiff_t>(measured));
   std::sort(timed.begin(), timed.end(), [](const Interval& a, const Interval& b) { return a.begin_ns < b.begin_ns; });
   // The union of the in-flight intervals: the time the link was busy.
   int64_t busy_ns = 0, bytes = 0, covered_to = INT64_MIN;
@@ -63,7 +79,7 @@ void LinkMeter::tick(std::shared_ptr<const Stamp> at) {
 void LinkMeter::reduction(std::shared_ptr<const Stamp> launched, std::shared_ptr<const Stamp> finished,
                           int64_t bytes) {
   if (launched) {
-    reductions_.push_back({std::move(launched), std::move(finished), bytes, 0});
+    reductions_.push_back({std::move(launched), std::move(finished), bytes, batch_});
   }
 }
 

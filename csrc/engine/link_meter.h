@@ -12,9 +12,9 @@
 // Times are stamps on the backend's clock (comm_backend.h), read once they
 // have a time: at once on the CPU; on a GPU when the device got there, which
 // may be an iteration or two after the host. So each figure is the latest one
-// known: the reductions whose stamps have a time when a backward begins give
-// the rate, and the latest backward whose ticks all have a time gives the
-// spacing. Which iteration that was may differ between ranks; the sum every
+// known: the reductions recorded so far give the rate at the first backward
+// that begins once all of their stamps have a time, and the latest backward
+// whose ticks all have a time gives the spacing. Which iteration that was may differ between ranks; the sum every
 // rank adopts, and when (engine.h: kLinkAgreementLag), does not.
 #pragma once
 
@@ -31,7 +31,8 @@ class LinkMeter {
  public:
   explicit LinkMeter(int64_t num_ticks) : num_ticks_(num_ticks) {}
 
-  // A backward begins: the reductions whose stamps have a time give the rate.
+  // A backward begins: the reductions recorded so far give the rate, once
+  // all of their stamps have a time.
   void begin_backward();
   void tick(std::shared_ptr<const Stamp> at);
   // A reduction of `bytes` was launched and completes at these stamps.
@@ -54,13 +55,14 @@ class LinkMeter {
   struct Reduction {
     std::shared_ptr<const Stamp> launched, finished;
     int64_t bytes;
-    int age;  // backwards it has waited for its stamps' times
+    int64_t batch;  // begin_backward() calls before it was recorded
   };
   void measure_rate();
   bool measure_spacing(const std::vector<std::shared_ptr<const Stamp>>& ticks);
 
   const int64_t num_ticks_;
-  std::vector<Reduction> reductions_;                               // recorded, not yet timed
+  std::vector<Reduction> reductions_;                               // recorded, not yet measured, oldest first
+  int64_t batch_ = 0;                                               // begin_backward() calls so far
   std::vector<std::shared_ptr<const Stamp>> ticks_;                 // this backward's
   std::deque<std::vector<std::shared_ptr<const Stamp>>> untimed_;   // earlier backwards' ticks, oldest first
   int64_t rate_bytes_per_ms_ = -1;  // -1: none measured

@@ -135,8 +135,9 @@ class HostSum final : public PendingSum {
     bool completed = false;
     try {
       completed = work_->wait(timeout);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "the sum of ", values_.numel(), " int64 over the ranks failed: ", e.what());
+    } catch (const std::exception& e) {  // gloo throws on a timeout too
+      TORCH_CHECK(false, "the sum of ", values_.numel(), " int64 over the ranks failed or did not finish within ",
+                  timeout.count(), " ms: ", e.what());
     }
     TORCH_CHECK(completed, "the sum of ", values_.numel(), " int64 over the ranks did not finish within ",
                 timeout.count(), " ms");

@@ -31,6 +31,9 @@ cudaError_t query_event(cudaEvent_t event) {
   cudaThreadExchangeStreamCaptureMode(&mode);
   const cudaError_t state = cudaEventQuery(event);
   cudaThreadExchangeStreamCaptureMode(&mode);
+  if (state == cudaErrorNotReady) {
+    cudaGetLastError();  // as c10's event query: "not ready" is no error to leave behind for torch
+  }
   return state;
 }
 
@@ -42,15 +45,10 @@ std::optional<int64_t> CudaStamp::since(const Stamp& origin) const {
     return std::nullopt;  // another backend's clock: no common time
   }
   const cudaEvent_t from = as_event(cuda->event_), to = as_event(event_);
+  const c10::cuda::CUDAGuard guard(device_);  // the caller's current device may be another one
   // Not reached yet, or failed (the watchdog reports failures): no time.
-  for (cudaEvent_t event : {from, to}) {
-    const cudaError_t state = query_event(event);
-    if (state != cudaSuccess) {
-      if (state == cudaErrorNotReady) {
-        cudaGetLastError();  // as c10's event query: "not ready" is no error to leave behind
-      }
-      return std::nullopt;
-    }
+  if (query_event(from) != cudaSuccess || query_event(to) != cudaSuccess) {
+    return std::nullopt;
   }
   float ms = 0.0f;
   DEARCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));

@@ -39,11 +39,12 @@ class CudaCompletion final : public Completion {
 // resolution), between stamps of one device.
 class CudaStamp final : public Stamp {
  public:
-  explicit CudaStamp(std::shared_ptr<void> event) : event_(std::move(event)) {}
+  CudaStamp(std::shared_ptr<void> event, c10::DeviceIndex device) : event_(std::move(event)), device_(device) {}
   std::optional<int64_t> since(const Stamp& origin) const override;
 
  private:
   std::shared_ptr<void> event_;
+  c10::DeviceIndex device_;
 };
 
 }  // namespace dearcomm

@@ -124,11 +124,12 @@ class NcclPending final : public PendingCollective {
 // does. The host polls, as the Watchdog does, and never holds the GIL meanwhile.
 class NcclSum final : public PendingSum {
  public:
-  NcclSum(at::Tensor host, std::shared_ptr<void> done, std::shared_ptr<Watchdog> watchdog)
-      : host_(std::move(host)), done_(std::move(done)), watchdog_(std::move(watchdog)) {}
+  NcclSum(at::Tensor host, std::shared_ptr<void> done, std::shared_ptr<Watchdog> watchdog, c10::DeviceIndex device)
+      : host_(std::move(host)), done_(std::move(done)), watchdog_(std::move(watchdog)), device_(device) {}
 
   std::vector<int64_t> result(std::chrono::milliseconds timeout) override {
     const GilRelease no_gil;
+    const c10::cuda::CUDAGuard guard(device_);  // no context on the caller's current device
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     CudaCompletion completion(done_);
     std::string error;
@@ -152,6 +153,7 @@ class NcclSum final : public PendingSum {
   at::Tensor host_;
   std::shared_ptr<void> done_;
   std::shared_ptr<Watchdog> watchdog_;
+  c10::DeviceIndex device_;
 };
 
 }  // namespace
@@ -297,7 +299,7 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
   if (timing_) {
     std::shared_ptr<void> timed = timing_events()->acquire();
     DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(timed), stream_.stream()));
-    finished = std::make_shared<CudaStamp>(std::move(timed));
+    finished = std::make_shared<CudaStamp>(std::move(timed), device_);
   }
   watchdog_->watch(std::make_shared<CudaCompletion>(done), what);
   if (done_out != nullptr) {
@@ -318,7 +320,7 @@ std::shared_ptr<const Stamp> NcclBackend::stamp() {
   const c10::cuda::CUDAGuard guard(device_);
   std::shared_ptr<void> event = timing_events()->acquire();
   DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(event), c10::cuda::getCurrentCUDAStream(device_).stream()));
-  return std::make_shared<CudaStamp>(std::move(event));
+  return std::make_shared<CudaStamp>(std::move(event), device_);
 }
 
 std::unique_ptr<PendingSum> NcclBackend::sum_host(const std::vector<int64_t>& values) {
@@ -343,7 +345,7 @@ std::unique_ptr<PendingSum> NcclBackend::sum_host(const std::vector<int64_t>& va
     }
     return sum;
   }, &done);
-  return std::make_unique<NcclSum>(std::move(result), std::move(done), watchdog_);
+  return std::make_unique<NcclSum>(std::move(result), std::move(done), watchdog_, device_);
 }
 
 std::unique_ptr<PendingCollective> NcclBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
