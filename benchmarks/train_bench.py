@@ -9,6 +9,7 @@ the measured pieces, the lower bound and each schedule's own ideal.
 
 Runs are named SCHEDULE[/pP][/cC]: P = partition_mb, C = credit_mb (bytescheduler
 only); no /p = the schedule's default (bytescheduler 32 MiB, others never split),
+ddp/bB = torch DDP with bucket_cap_mb=B (a control: as many collectives as /pB),
 no /c = the default credit (64 MiB). --partition-mb P adds a /pP variant of every
 dearcomm schedule; --credit-mb C... replaces bytescheduler/pP by one row per credit.
 
@@ -62,21 +63,23 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
 
 def parse_run(spec):
     """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb); an
-    '@VAR=VALUE' suffix (run_environment) is ignored here."""
+    '@VAR=VALUE' suffix (run_environment) is ignored here. For ddp the third
+    item is its own bucket_cap_mb ('ddp/b0.25'), None for --bucket-mb."""
     base, *mods = spec.split("@")[0].split("/")
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
     partition = credit = None
     for m in mods:
-        if m[:1] == "p":
+        if m[:1] == "p" and schedule != "ddp":
+            partition = float(m[1:])
+        elif m[:1] == "b" and base == "ddp":  # a control: DDP with buckets as small as a partition
             partition = float(m[1:])
         elif m[:1] == "c" and schedule == "bytescheduler":
             credit = float(m[1:])
         else:
-            raise SystemExit(f"unknown modifier {m!r} in {spec!r}")
-    if schedule == "ddp" and mods:
-        raise SystemExit("ddp takes no partition or credit")
+            hint = " (ddp takes only /bB, its bucket_cap_mb)" if base == "ddp" else ""
+            raise SystemExit(f"unknown modifier {m!r} in {spec!r}{hint}")
     return schedule, update, partition, credit
 
 
@@ -259,7 +262,7 @@ def build(name, args):
     model = make(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if schedule == "ddp":
-        ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=partition or args.bucket_mb)
         if update == "gather":
             gather_beside_forward(ddp, plan_layout(args, model))
         return ddp, optimizer
@@ -463,6 +466,14 @@ def main():
             print(f"  {c['buckets']:>3} buckets, m0 {c['m0_buckets']} of {c['m0_bytes'] / 2**20:4.1f} MiB: T_RS {ms(c['rs'])} (cpu {ms(c['cpu_rs'])})"
                   f"  T_AG {ms(c['ag'])} (cpu {ms(c['cpu_ag'])})  T_AR {ms(c['ar'])} (cpu {ms(c['cpu_ar'])})"
                   f"  T_AR(m0) {ms(c['ar_m0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
+        for name, (model, _) in runs.items():
+            cap = parse_run(name)[2]
+            if isinstance(model, DistributedDataParallel) and cap:
+                # As DDP rebuilds its buckets after the first iteration: gradient order, 1 MiB first bucket.
+                params = [p for p in reversed(list(model.parameters())) if p.requires_grad]
+                assigned, _ = dist._compute_bucket_assignment_by_size(
+                    params, [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap * 2**20)])
+                print(f"  {name}: torch DDP's own {len(assigned)} buckets (not measured alone; the ideal shown is ddp's)")
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
