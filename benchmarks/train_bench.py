@@ -467,13 +467,9 @@ def main():
                   f"  T_AG {ms(c['ag'])} (cpu {ms(c['cpu_ag'])})  T_AR {ms(c['ar'])} (cpu {ms(c['cpu_ar'])})"
                   f"  T_AR(m0) {ms(c['ar_m0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
         for name, (model, _) in runs.items():
-            cap = parse_run(name)[2]
-            if isinstance(model, DistributedDataParallel) and cap:
-                # As DDP rebuilds its buckets after the first iteration: gradient order, 1 MiB first bucket.
-                params = [p for p in reversed(list(model.parameters())) if p.requires_grad]
-                assigned, _ = dist._compute_bucket_assignment_by_size(
-                    params, [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap * 2**20)])
-                print(f"  {name}: torch DDP's own {len(assigned)} buckets (not measured alone; the ideal shown is ddp's)")
+            if isinstance(model, DistributedDataParallel) and parse_run(name)[2]:
+                buckets = len(model.reducer._get_zeros_like_grad_buckets())  # as rebuilt after the warm-up
+                print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
