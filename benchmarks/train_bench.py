@@ -28,11 +28,14 @@ hides all it can); speedup = DDP's median / the run's (> 1: faster than DDP).
 Phases: each run's median forward+loss, backward and zero_grad+step wall time.
 CPU: this process's CPU time (all threads, gloo's included) per iteration, and the
 machine's softirq time (kernel packet work, charged to no process) per iteration.
+Faults: this process's minor page faults per iteration (thousands), most of them
+the allocator handing freed memory back to the kernel and touching it again.
 Each rank gets cores/ranks torch threads. Times are medians; the slowest rank counts.
 """
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -135,6 +138,10 @@ def machine_ms():
         user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
     tick = 1e3 / os.sysconf("SC_CLK_TCK")
     return (user + nice + system + irq + softirq + steal) * tick, (irq + softirq) * tick
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def slowest(seconds: float) -> float:
@@ -414,6 +421,7 @@ def main():
     times = {name: [] for name in runs}
     cpus = {name: [] for name in runs}
     sirq = {name: [] for name in runs}
+    faults = {name: [] for name in runs}
     phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
@@ -423,9 +431,10 @@ def main():
                 dist.barrier()
                 iteration(model, optimizer, x, y)  # untimed: the steady state has the last step's comm in flight
                 for _ in range(args.iters):
-                    m0, c0, start = machine_ms(), time.process_time(), time.perf_counter()
+                    f0, m0, c0, start = minor_faults(), machine_ms(), time.process_time(), time.perf_counter()
                     iteration(model, optimizer, x, y, phases=phases[name])
                     times[name].append(time.perf_counter() - start)
+                    faults[name].append(minor_faults() - f0)
                     cpus[name].append(time.process_time() - c0)
                     sirq[name].append(machine_ms()[1] - m0[1])
                     bar.update()
@@ -449,6 +458,7 @@ def main():
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
+                          minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")})
     ddp = rows.get("ddp", {}).get("median_ms")
@@ -473,11 +483,11 @@ def main():
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
-              f"{'cpu ms':>8}{'sirq ms':>8}   fwd / bwd / step ms (training thread off CPU)")
+              f"{'cpu ms':>8}{'sirq ms':>8}{'kfaults':>8}   fwd / bwd / step ms (training thread off CPU)")
         for name, r in rows.items():
             vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
             print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
-                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}   "
+                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}{r['minor_faults'] / 1e3:>8.1f}   "
                   + " / ".join(f"{r['phases_ms'][k]:.1f} ({r['phases_ms'][k + ' off-CPU']:.1f})" for k in PHASES),
                   flush=True)
     if args.timeline:
