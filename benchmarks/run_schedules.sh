@@ -7,7 +7,18 @@
 #   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
 #   ONLY="mlp-1gbit-4a overhead" bash benchmarks/run_schedules.sh     # some of them
 #   ONLY="mlp-1gbit-2 widein-1gbit-2" ROUNDS=6 ITERS=2 SUFFIX=-rep2 NO_TIMELINE=1 bash ...  # a repeat, more rounds
+#   GLIBC_MALLOC=default bash ...     # keep glibc's own trimming (see below)
+# Every run shares its process with the others, and glibc's heap, by default,
+# gives freed memory back to the kernel wherever its top happens to land: a
+# run's page faults then depend on which runs share the process (4 ranks of
+# ResNet: DDP 9.6-18.7k faults per iteration, more alone than beside
+# dearcomm; with a fixed policy DDP and dearcomm take the same). So the
+# runs here keep what they free, as torch's CPU launcher does by preloading
+# tcmalloc or jemalloc (docs/benchmarks.md, issue 12 §10).
 set -euo pipefail
+if [[ ${GLIBC_MALLOC:-fixed} != default ]]; then
+  export MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824
+fi
 cd "$(dirname "$0")/.."
 out=${1:-results/schedules}
 py=${PY:-.venv/bin/python}

@@ -140,6 +140,14 @@ def machine_ms():
     return (user + nice + system + irq + softirq + steal) * tick, (irq + softirq) * tick
 
 
+def allocator_policy() -> str:
+    """How this process's host allocator was set up: the environment that
+    changes it (a preloaded allocator, glibc's tunables) or 'glibc defaults'."""
+    env = [f"{k}={v}" for k, v in sorted(os.environ.items())
+           if k.startswith(("MALLOC_", "GLIBC_TUNABLES")) or (k == "LD_PRELOAD" and "alloc" in v)]
+    return " ".join(env) or "glibc defaults"
+
+
 def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
@@ -467,7 +475,7 @@ def main():
     if rank == 0:
         ms = lambda s: f"{1e3 * s:.1f}"  # noqa: E731
         print(f"\n# {label}")
-        print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end")
+        print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end; allocator: {allocator_policy()}")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
@@ -493,7 +501,7 @@ def main():
     if args.timeline:
         record_timeline(args, runs, x, y, label)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
-                               args=vars(args), loadavg_start=load0, loadavg_end=load1,
+                               args=vars(args), loadavg_start=load0, loadavg_end=load1, allocator=allocator_policy(),
                                pieces_ms={k: 1e3 * v for k, v in pieces.items()},
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)
