@@ -10,7 +10,9 @@ the measured pieces, the lower bound and each schedule's own ideal.
 Runs are named SCHEDULE[/pP][/cC]: P = partition_mb, C = credit_mb (bytescheduler
 only); no /p = the schedule's default (bytescheduler 32 MiB, others never split),
 ddp/bB = torch DDP with bucket_cap_mb=B (a control: as many collectives as /pB),
-no /c = the default credit (64 MiB). --partition-mb P adds a /pP variant of every
+no /c = the default credit (64 MiB). A trailing /sync (dear, bytescheduler) is a
+control too: sync() after every step(), so the run's communication finishes
+before the next forward instead of overlapping it, everything else unchanged. --partition-mb P adds a /pP variant of every
 dearcomm schedule; --credit-mb C... replaces bytescheduler/pP by one row per credit.
 
 Pieces, measured in the same run: T_fwd, T_bwd, T_step (one rank's model, no
@@ -72,6 +74,10 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
+    if mods[-1:] == ["sync"]:
+        mods.pop()
+        if schedule not in ("dear", "bytescheduler"):
+            raise SystemExit(f"/sync in {spec!r}: only dear and bytescheduler leave communication in flight past step()")
     partition = credit = None
     for m in mods:
         if m[:1] == "p" and schedule != "ddp":
@@ -281,8 +287,17 @@ def build(name, args):
         if update == "gather":
             gather_beside_forward(ddp, plan_layout(args, model))
         return ddp, optimizer
-    return dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
-                         partition_mb=partition, credit_mb=credit)
+    wrapped, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
+                                       partition_mb=partition, credit_mb=credit)
+    if name.split("@")[0].endswith("/sync"):
+        step = optimizer.step
+
+        def step_then_sync(*a, **kw):
+            result = step(*a, **kw)
+            wrapped.sync()
+            return result
+        optimizer.step = step_then_sync
+    return wrapped, optimizer
 
 
 def gather_beside_forward(ddp, layout):
