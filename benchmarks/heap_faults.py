@@ -50,25 +50,16 @@ def main():
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    torch.set_num_threads(train_bench.threads_per_rank(dist.get_world_size()))
     x, y = train_bench.make(bench_args).batch(args.batch, torch.Generator().manual_seed(rank))
     runs = {name: train_bench.build(name, bench_args) for name in args.runs}
-    for model, optimizer in runs.values():
-        for _ in range(2):
-            train_bench.iteration(model, optimizer, x, y)
-        train_bench.settle(model)
+    train_bench.warm_up(runs, x, y)
 
     faults = {name: [] for name in runs}
-    for _ in range(args.rounds):
-        for name, (model, optimizer) in runs.items():
-            train_bench.settle(model)
-            dist.barrier()
-            train_bench.iteration(model, optimizer, x, y)
-            for _ in range(args.iters):
-                f0 = train_bench.minor_faults()
-                train_bench.iteration(model, optimizer, x, y)
-                faults[name].append(train_bench.minor_faults() - f0)
-            train_bench.settle(model)
+    for name, model, optimizer in train_bench.interleaved(runs, args.rounds, args.iters, x, y):
+        f0 = train_bench.minor_faults()
+        train_bench.iteration(model, optimizer, x, y)
+        faults[name].append(train_bench.minor_faults() - f0)
     most = {name: train_bench.slowest(statistics.median(f)) for name, f in faults.items()}
     if rank == 0:
         m = mallinfo2()

@@ -66,6 +66,11 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              "ddp+gather": ("ddp", "gather")}
 
 
+def syncs_after_step(spec) -> bool:
+    """'bytescheduler/p0.25/sync': the /sync control (sync() after every step())."""
+    return spec.split("@")[0].endswith("/sync")
+
+
 def parse_run(spec):
     """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb); an
     '@VAR=VALUE' suffix (run_environment) is ignored here. For ddp the third
@@ -74,7 +79,7 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
-    if mods[-1:] == ["sync"]:
+    if syncs_after_step(spec):
         mods.pop()
         if schedule not in ("dear", "bytescheduler"):
             raise SystemExit(f"/sync in {spec!r}: only dear and bytescheduler leave communication in flight past step()")
@@ -289,7 +294,7 @@ def build(name, args):
         return ddp, optimizer
     wrapped, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=args.bucket_mb, schedule=schedule, update=update,
                                        partition_mb=partition, credit_mb=credit)
-    if name.split("@")[0].endswith("/sync"):
+    if syncs_after_step(name):
         step = optimizer.step
 
         def step_then_sync(*a, **kw):
@@ -326,6 +331,37 @@ def settle(model):
     all-reduces), untimed, so that it does not run into the next run's time."""
     if hasattr(model, "sync"):
         model.sync()
+
+
+def warm_up(runs, x, y):
+    """Two untimed iterations of every run, each under its run's environment
+    (read when the first backward builds the engine), nothing left in flight."""
+    for name, (model, optimizer) in runs.items():
+        with environment(run_environment(name)):
+            for _ in range(2):
+                iteration(model, optimizer, x, y)
+        settle(model)
+
+
+def interleaved(runs, rounds, iters, x, y):
+    """Yields (name, model, optimizer) before each of a run's timed iterations,
+    which the caller runs: the runs take turns, `iters` each per round. A run's
+    turn starts after what the previous one left in flight is finished, on
+    every rank at once, and after one untimed iteration (the steady state has
+    the last step's communication in flight); it ends with its own finished."""
+    for _ in range(rounds):
+        for name, (model, optimizer) in runs.items():
+            settle(model)
+            dist.barrier()
+            iteration(model, optimizer, x, y)
+            for _ in range(iters):
+                yield name, model, optimizer
+            settle(model)
+
+
+def threads_per_rank(world):
+    """This machine's cores shared out among the ranks that run on it."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
 
 
 PHASES = ("forward", "backward", "step")
@@ -411,8 +447,7 @@ def main():
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    threads = max(1, (os.cpu_count() or 1) // local_world)
+    threads = threads_per_rank(world)
     torch.set_num_threads(threads)
     network = os.environ.get("DEARCOMM_NETLAB", "loopback")
     g = torch.Generator().manual_seed(rank)
@@ -423,11 +458,7 @@ def main():
 
     pieces = measure_pieces(args, x, y)
     runs = {name: build(name, args) for name in names}
-    for name, (model, optimizer) in runs.items():
-        with environment(run_environment(name)):  # read when the first backward builds the engine
-            for _ in range(2):
-                iteration(model, optimizer, x, y)
-        settle(model)
+    warm_up(runs, x, y)
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
     for name, (model, _) in runs.items():
@@ -448,20 +479,14 @@ def main():
     phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
-        for _ in range(args.rounds):
-            for name, (model, optimizer) in runs.items():
-                settle(model)
-                dist.barrier()
-                iteration(model, optimizer, x, y)  # untimed: the steady state has the last step's comm in flight
-                for _ in range(args.iters):
-                    f0, m0, c0, start = minor_faults(), machine_ms(), time.process_time(), time.perf_counter()
-                    iteration(model, optimizer, x, y, phases=phases[name])
-                    times[name].append(time.perf_counter() - start)
-                    faults[name].append(minor_faults() - f0)
-                    cpus[name].append(time.process_time() - c0)
-                    sirq[name].append(machine_ms()[1] - m0[1])
-                    bar.update()
-                settle(model)
+        for name, model, optimizer in interleaved(runs, args.rounds, args.iters, x, y):
+            f0, m0, c0, start = minor_faults(), machine_ms(), time.process_time(), time.perf_counter()
+            iteration(model, optimizer, x, y, phases=phases[name])
+            times[name].append(time.perf_counter() - start)
+            faults[name].append(minor_faults() - f0)
+            cpus[name].append(time.process_time() - c0)
+            sirq[name].append(machine_ms()[1] - m0[1])
+            bar.update()
     load1 = os.getloadavg()
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
