@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -141,8 +142,35 @@ std::pair<std::vector<int64_t>, std::vector<bool>> run_poster(int64_t jobs, bool
 
 }  // namespace
 
+// Stands in for a c10d worker thread that is the last owner of a Work
+// launched during backward (dearcomm/_exit.py): a thread that destroys a
+// Python object in a noexcept destructor, which takes the GIL. Returns once
+// the thread is about to take it; the caller keeps the GIL meanwhile.
+struct PythonObjectOwner {
+  explicit PythonObjectOwner(const py::object& held) : object(held.inc_ref().ptr()) {}
+  PythonObjectOwner(const PythonObjectOwner&) = delete;
+  PythonObjectOwner& operator=(const PythonObjectOwner&) = delete;
+  PyObject* object;
+  ~PythonObjectOwner() noexcept {
+    py::gil_scoped_acquire gil;  // during finalization: pthread_exit unwinds through here
+    Py_DECREF(object);
+  }
+};
+
+void drop_on_another_thread(const py::object& object) {
+  auto taking = std::make_shared<std::atomic<bool>>(false);
+  std::thread([owner = std::make_shared<PythonObjectOwner>(object), taking]() mutable {
+    taking->store(true);
+    owner.reset();
+  }).detach();
+  while (!taking->load()) {
+    std::this_thread::yield();
+  }
+}
+
 void register_testing(py::module& parent) {
   py::module m = parent.def_submodule("_testing", "device-free pieces of the backends, for tests");
+  m.def("drop_on_another_thread", &drop_on_another_thread, py::arg("object"));
   m.def("run_poster", &run_poster, py::arg("jobs"), py::arg("inline_jobs"),
         py::call_guard<py::gil_scoped_release>());
   py::class_<FakeCompletion, std::shared_ptr<FakeCompletion>>(m, "FakeCompletion")

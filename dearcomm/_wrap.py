@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from . import _exit
 from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
@@ -133,6 +134,7 @@ def wrap(
     _check_same_model_on_every_rank(module, options)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
+    _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
 
 

@@ -3,8 +3,10 @@ tests/test_exit.py. Launched like torchrun does (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT in the environment); all that matters is its exit code.
 
     python tests/exit_worker.py --schedule wfbp [--update replicated] [--steps 3] [--sync] [--destroy] [--profile]
+                                [--ddp] [--scaler] [--drop]
 """
 import argparse
+import copy
 import datetime
 import gc
 
@@ -24,6 +26,9 @@ def main() -> None:
     parser.add_argument("--destroy", action="store_true", help="dist.destroy_process_group() before exiting")
     parser.add_argument("--profile", action="store_true",
                         help="wider layers, and torch.profiler sessions that end with all-gathers in flight")
+    parser.add_argument("--ddp", action="store_true", help="train a torch DDP copy beside it, each step after dearcomm's")
+    parser.add_argument("--scaler", action="store_true", help="torch.amp.GradScaler('cpu') on both")
+    parser.add_argument("--drop", action="store_true", help="del the model and optimizer, and collect, before exiting")
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -37,10 +42,24 @@ def main() -> None:
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=1.0 if args.profile else 0,
                                      schedule=args.schedule, update=args.update)
 
+    scaler = torch.amp.GradScaler("cpu", enabled=args.scaler)
+    ddp = ddp_optimizer = ddp_scaler = None
+    if args.ddp:
+        ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(model))
+        ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        ddp_scaler = torch.amp.GradScaler("cpu", enabled=args.scaler)
+
+    def train(net, opt, scale, x):
+        opt.zero_grad()
+        scale.scale(net(x).square().mean()).backward()
+        scale.step(opt)
+        scale.update()
+
     def step():
-        optimizer.zero_grad()
-        model(torch.randn(8, width)).square().mean().backward()
-        optimizer.step()
+        x = torch.randn(8, width)
+        train(model, optimizer, scaler, x)
+        if ddp is not None:
+            train(ddp, ddp_optimizer, ddp_scaler, x)
 
     for _ in range(args.steps):
         step()
@@ -57,6 +76,9 @@ def main() -> None:
         step()
     if args.sync:
         model.sync()
+    if args.drop:
+        del model, optimizer
+        gc.collect()
     if args.destroy:
         dist.destroy_process_group()
     # and exit straight away: no sleep, no barrier

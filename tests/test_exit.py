@@ -2,22 +2,27 @@
 
 A job that trained correctly used to die now and then with SIGABRT
 ("terminate called without an active exception") while the interpreter was
-finalizing; csrc/backends/cpu/python_tls.h says why. These tests launch many
+finalizing: a gloo worker thread destroying a Work that holds a Python object
+(csrc/backends/cpu/python_tls.h for dearcomm's own collectives, which hold
+none; dearcomm/_exit.py for torch DDP's beside them). These tests launch many
 short 2-rank jobs (tests/exit_worker.py, started the way torchrun starts them)
 several at a time, so that the ranks compete for the cores as in the failing
 runs, and require every exit code to be 0.
 
 Also a stress tool: python -m tests.test_exit --runs 150 --parallel 3
+(--matrix: every configuration of MATRIX in turn; --config "--ddp --scaler": one).
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -35,6 +40,20 @@ CONFIGS = [  # every abort seen before the fix was in a wfbp job: gloo all-reduc
     ["--schedule", "wfbp", "--sync", "--destroy"],
     ["--schedule", "dear", "--sync", "--destroy"],
     ["--schedule", "wfbp", "--destroy"],
+    # torch DDP beside dearcomm, as in a comparison script: DDP's all-reduces
+    # hold autograd's Python object (dearcomm/_exit.py)
+    ["--schedule", "dear", "--ddp", "--scaler"],
+    ["--schedule", "bytescheduler", "--ddp", "--drop"],
+]
+# The broad matrix (marked slow; python -m tests.test_exit --matrix): every
+# schedule and update, with and without GradScaler, DDP in the same process,
+# destroy_process_group() and a dropped model; 64 jobs.
+MATRIX = [
+    [*base, *flags]
+    for base in (["--schedule", "dear"], ["--schedule", "dear", "--update", "replicated"],
+                 ["--schedule", "wfbp"], ["--schedule", "bytescheduler"])
+    for flags in (list(itertools.compress(["--scaler", "--ddp", "--destroy", "--drop"], mask))
+                  for mask in itertools.product([0, 1], repeat=4))
 ]
 RUN_TIMEOUT = 90.0  # seconds for one job, both ranks
 
@@ -77,13 +96,15 @@ def run_job(args: List[str], world_size: int = 2, timeout: float = RUN_TIMEOUT,
     return results
 
 
-def run_many(runs: int, parallel: int, pythonpath: Optional[str] = None, progress: bool = False):
-    """Runs `runs` jobs cycling through CONFIGS, `parallel` at a time; returns
-    the failures as (run, config, rank, exit code, stderr)."""
+def run_many(runs: int, parallel: int, pythonpath: Optional[str] = None, progress: bool = False,
+             configs: Optional[List[List[str]]] = None):
+    """Runs `runs` jobs cycling through `configs` (default CONFIGS), `parallel`
+    at a time; returns the failures as (run, config, rank, exit code, stderr)."""
     failures = []
+    configs = configs or CONFIGS
 
     def one(i):
-        config = CONFIGS[i % len(CONFIGS)]
+        config = configs[i % len(configs)]
         return i, config, run_job(config, pythonpath=pythonpath)
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
@@ -108,6 +129,54 @@ def test_short_jobs_all_exit_zero():
     runs, parallel = int(os.environ.get("DEARCOMM_EXIT_RUNS", "20")), 3
     failures = run_many(runs, parallel)
     assert not failures, f"{len({f[0] for f in failures})} of {runs} jobs failed:\n{describe(failures)}"
+
+
+@pytest.mark.slow
+def test_every_configuration_exits_zero():
+    failures = run_many(len(MATRIX), 3, configs=MATRIX)
+    assert not failures, f"{len({f[0] for f in failures})} of {len(MATRIX)} jobs failed:\n{describe(failures)}"
+
+
+def _exit_handler_probe(rank, world_size):
+    """Whether dearcomm's exit handler lets a thread that waits for the GIL
+    (as gloo's worker does to destroy a Work launched during backward) take it
+    and drop its Python object, while this thread would otherwise keep the GIL."""
+    from torch import nn
+
+    import dearcomm
+    from dearcomm import _C, _exit
+
+    model = nn.Linear(4, 2)
+    dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    registered = _exit._installed
+
+    class Held:
+        pass
+
+    held = Held()
+    alive = weakref.ref(held)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)  # never handed over on request: only a release lets the thread in
+    try:
+        _C._testing.drop_on_another_thread(held)  # returns once that thread is about to take the GIL
+        del held
+        dropped_before = alive() is None
+        _exit.let_collective_threads_finish()
+        dropped_after = alive() is None
+    finally:
+        sys.setswitchinterval(previous)
+    return registered, dropped_before, dropped_after
+
+
+def test_exit_handler_lets_waiting_threads_take_the_gil():
+    """The deterministic half of the tests with DDP beside dearcomm: the handler
+    wrap() registers releases the GIL before the interpreter finalizes, so a
+    thread that waits for it then destroys its Python object while Python can
+    still run (dearcomm/_exit.py); without it the thread keeps waiting."""
+    for rank, (registered, before, after) in enumerate(run_workers(_exit_handler_probe, 2)):
+        assert registered, f"rank {rank}: wrap() registered no exit handler"
+        assert not before, f"rank {rank}: the thread took the GIL before any release; the probe proves nothing"
+        assert after, f"rank {rank}: the exit handler did not let the waiting thread take the GIL"
 
 
 @pytest.mark.parametrize("schedule", ["dear", "bytescheduler"])
@@ -176,9 +245,12 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=150)
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--pythonpath", default=None, help="where to import dearcomm from (default: this checkout)")
+    parser.add_argument("--matrix", action="store_true", help="cycle through MATRIX instead of CONFIGS")
+    parser.add_argument("--config", default=None, help='one configuration, e.g. "--schedule dear --ddp --scaler"')
     options = parser.parse_args()
     start = time.monotonic()
-    failed = run_many(options.runs, options.parallel, options.pythonpath, progress=True)
+    chosen = [options.config.split()] if options.config else MATRIX if options.matrix else CONFIGS
+    failed = run_many(options.runs, options.parallel, options.pythonpath, progress=True, configs=chosen)
     print(describe(failed))
     print(f"{len({f[0] for f in failed})} of {options.runs} jobs failed "
           f"({len(failed)} ranks) in {time.monotonic() - start:.0f} s")
