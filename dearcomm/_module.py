@@ -13,6 +13,7 @@ import copy
 import operator
 from typing import Dict, Iterator, List, Tuple, Type
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -22,6 +23,10 @@ _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
 
 # Instance attributes that wrap() adds; a plain copy leaves them behind.
 _ATTRIBUTES = ("_dear", "_dear_hooks")
+
+_CONVERTED = ("dearcomm: this would move the wrapped model's parameters {}; dearcomm's buckets hold them as "
+              "they were at wrap(), so training would silently stop synchronising them. Convert or move the model "
+              "before dearcomm.wrap(), not after")
 
 _NO_MODULE = ("dearcomm: a wrapped model has no attribute 'module': dearcomm.wrap() returns your model itself, not "
               "a wrapper around it (as FSDP2's fully_shard does); use `model` where a DDP script uses `model.module`")
@@ -84,6 +89,25 @@ class DearModule:
         for name in _ATTRIBUTES:
             del self.__dict__[name]
         self.__class__ = plain
+
+    def _apply(self, fn, recurse: bool = True):
+        """Under model.to(), .half(), .double(), .cuda(), share_memory(): the
+        engine's buckets hold the parameters' memory (and their dtype and
+        device), so a conversion after wrap() would leave them behind and
+        training would silently stop synchronising. Refused before anything
+        changes where the conversion is visible on an empty tensor (dtype,
+        device); otherwise checked after. Buffers convert as usual."""
+        params = list(self._dear.names)
+        for kind in {(p.dtype, p.device) for p in params}:
+            probe = fn(torch.empty(0, dtype=kind[0], device=kind[1]))
+            if (probe.dtype, probe.device) != kind:
+                raise RuntimeError(_CONVERTED.format(f"from {kind[0]} on {kind[1]} to {probe.dtype} on {probe.device}"))
+        before = [p.data_ptr() for p in params]
+        result = super()._apply(fn, recurse)
+        moved = [self._dear.names[p] for p, ptr in zip(params, before) if p.data_ptr() != ptr]
+        if moved:
+            raise RuntimeError(_CONVERTED.format(f"to new memory ({moved[:4]}{' ...' if len(moved) > 4 else ''})"))
+        return result
 
     def __deepcopy__(self, memo: dict) -> nn.Module:
         """A plain module of the original class holding the synced parameters

@@ -50,6 +50,7 @@ class DistributedOptimizer(Optimizer):
         self._runtime = runtime
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
         runtime.on_engine_built.append(self._update.on_engine_built)
+        self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
     # schedulers, hyper-parameter edits and the user's load_state_dict(), which
@@ -59,6 +60,24 @@ class DistributedOptimizer(Optimizer):
     state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
     defaults = property(lambda self: self.optimizer.defaults,
                         lambda self, value: setattr(self.optimizer, "defaults", value))
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise RuntimeError(
+            "dearcomm: add_param_group() after wrap() is not supported: the buckets and the sharded optimizer are "
+            "planned from the param groups the optimizer had at wrap(). Give the optimizer every group before "
+            "wrap(); a group to enable later can start with lr=0 (set its 'lr' when it should train)")
+
+    def _check_groups_unchanged(self) -> None:
+        """Hyper-parameters may change between steps (LR schedulers, edits by
+        hand, load_state_dict); the parameters of each group may not."""
+        groups = [(id(g["params"]), len(g["params"])) for g in self.param_groups]
+        if groups != self._groups:
+            raise RuntimeError(
+                f"dearcomm: the optimizer's param_groups hold other parameters than at wrap() ({len(self._groups)} "
+                f"groups of {[n for _, n in self._groups]} parameters, now {len(groups)} of "
+                f"{[n for _, n in groups]}); dearcomm plans its updates from the groups it was given. Change "
+                "hyper-parameters only ('lr', 'weight_decay', ...), and give the optimizer its final groups "
+                "before wrap()")
 
     # ---- step -----------------------------------------------------------------
 
@@ -75,6 +94,7 @@ class DistributedOptimizer(Optimizer):
             if self._runtime.closed:
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
+        self._check_groups_unchanged()
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
         clipping = self._runtime.options.max_grad_norm is not None
         if scaling or clipping or engine.reductions_waited != "in_next_forward":

@@ -186,8 +186,11 @@ class DearRuntime:
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
         engine = self.engine
+        missing = engine.missing_grads()
+        if missing:
+            self._check_not_replaced(missing)
         if self.options.find_unused_parameters:
-            for i in engine.missing_grads():
+            for i in missing:
                 # As DDP: an unused parameter contributes its .grad, which holds
                 # what earlier no_sync() micro-batches accumulated; zeros if none.
                 grad = self.params[i].grad
@@ -207,6 +210,27 @@ class DearRuntime:
         if self.update.checks_grad_versions:
             # What step() applies was reduced from .grad as it was here.
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
+
+    def _check_not_replaced(self, indices: List[int]) -> None:
+        """A parameter replaced after wrap() (``module.weight = nn.Parameter(...)``)
+        gets no gradient hook and is in no bucket: its old self misses a
+        gradient. Named here, rather than as an unused parameter."""
+        replaced = []
+        for i in indices:
+            name = self.names[self.params[i]]
+            try:
+                current = self._module.get_parameter(name)
+            except AttributeError:
+                current = None
+            if current is not self.params[i]:
+                replaced.append(name)
+        if replaced:
+            raise RuntimeError(
+                f"dearcomm: parameter(s) {replaced} of the wrapped model were replaced after wrap() (e.g. "
+                "module.weight = nn.Parameter(...)); dearcomm's buckets and the optimizer still hold the old "
+                "ones, so the new ones would train unsynchronised. Copy new values in place instead "
+                "(with torch.no_grad(): module.weight.copy_(value), or model.load_state_dict()), or change the "
+                "model before wrap()")
 
     # ---- what step() checks and reports -------------------------------------
 

@@ -265,6 +265,10 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   TORCH_CHECK_VALUE(grad.layout() == at::kStrided,
       "dearcomm: parameter '", names_[param], "' got a sparse gradient; sparse gradients are not supported "
       "(use nn.Embedding(sparse=False))");
+  TORCH_CHECK_VALUE(params_[param].scalar_type() == layout_.buckets[layout_.params[param].bucket].dtype,
+      "dearcomm: parameter '", names_[param], "' is ", params_[param].scalar_type(), " but was ",
+      layout_.buckets[layout_.params[param].bucket].dtype, " when the buckets were planned; convert the model "
+      "(model.to(dtype), .half(), .double()) before wrap(), not after");
   TORCH_CHECK_VALUE(grad.scalar_type() == params_[param].scalar_type() && grad.device() == params_[param].device(),
       "dearcomm: the gradient of '", names_[param], "' is ", grad.scalar_type(), " on ", grad.device(),
       " but the parameter is ", params_[param].scalar_type(), " on ", params_[param].device());
