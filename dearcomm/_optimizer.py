@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from . import _C
+from ._options import check_clip_arguments
 from ._runtime import DearRuntime
 from ._update import UpdateStrategy
 
@@ -171,6 +172,7 @@ class DistributedOptimizer(Optimizer):
         (torch.nn.utils.clip_grad_norm_(model.parameters()) works as well).
         With a GradScaler and dear, use wrap(max_grad_norm=) instead: it clips
         after the scaler unscaled the shards."""
+        check_clip_arguments(max_norm, norm_type)
         engine = self._runtime.engine
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
             raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")

@@ -130,8 +130,10 @@ class WrapOptions:
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")
-        if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float)) and self.max_grad_norm > 0):
-            raise ValueError(f"dearcomm: max_grad_norm must be a positive number, got {self.max_grad_norm!r}")
+        if self.max_grad_norm is not None:
+            check_clip_arguments(self.max_grad_norm, 2.0, "max_grad_norm")
+            if self.max_grad_norm == 0:
+                raise ValueError("dearcomm: max_grad_norm must be a positive number, got 0")
         if self.timeout is not None and (
             not isinstance(self.timeout, datetime.timedelta) or self.timeout.total_seconds() <= 0
         ):
@@ -170,6 +172,20 @@ def _mib_to_bytes(mib: float) -> int:
 def _check_positive_mib_or_none(name: str, value) -> None:
     if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
         raise ValueError(f"dearcomm: {name} must be a positive number of MiB or None, got {value!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_clip_arguments(max_norm, norm_type, name: str = "max_norm") -> None:
+    """As torch.nn.utils.clip_grad_norm_ takes them, without the NaN that would
+    silently turn every gradient into NaN: max_norm >= 0 (inf: report the norm,
+    clip nothing), norm_type > 0 or inf."""
+    if not _is_number(max_norm) or not max_norm >= 0:
+        raise ValueError(f"dearcomm: {name} must be a number >= 0 (inf clips nothing), got {max_norm!r}")
+    if not _is_number(norm_type) or not norm_type > 0:
+        raise ValueError(f"dearcomm: norm_type must be a positive number or inf, got {norm_type!r}")
 
 
 def _valid_combinations() -> str:

@@ -27,6 +27,16 @@ def sgd(model):
     (dict(schedule="ring"), ValueError, "unknown schedule 'ring'"),
     (dict(schedule="wfbp", update="sharded"), NotImplementedError, "wfbp' with update='sharded' is not supported"),
     (dict(timeout=5), ValueError, "timeout must be a positive datetime.timedelta"),
+    (dict(bucket_mb=-float("inf")), ValueError, "bucket_mb must be >= 0"),
+    # Every numeric option, with NaN, -inf, negative and zero where zero means nothing.
+    *[(dict(partition_mb=v), ValueError, "partition_mb must be a positive number of MiB")
+      for v in (float("nan"), -float("inf"), -1.0, 0, True)],
+    *[(dict(schedule="bytescheduler", credit_mb=v), ValueError, "credit_mb must be a positive number of MiB")
+      for v in (float("nan"), -float("inf"), -1.0, 0)],
+    *[(dict(max_grad_norm=v), ValueError, "max_grad_norm must be a (positive )?number")
+      for v in (float("nan"), -float("inf"), -1.0, 0, True, "1")],
+    (dict(blocks={"fc.weight": [float("nan")]}), ValueError, r"blocks\['fc.weight'\] must be a non-empty list of positive"),
+    (dict(blocks={"fc.weight": [64.0, 196.0]}), ValueError, r"blocks\['fc.weight'\] must be a non-empty list of positive"),
 ])
 def test_bad_options(kwargs, error, message):
     model = MixedNet()
@@ -143,6 +153,18 @@ def misuse_worker(rank, world_size):
         model = MixedNet()  # 2 ranks: pieces of 32 fp32 elements (2 x 64 bytes)
         dearcomm.wrap(model, sgd(model), blocks={"embed.weight": [60, 59]})
 
+    def clip_with_nan_max_norm():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        optimizer.clip_grad_norm_(float("nan"))
+
+    def clip_with_negative_norm_type():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        optimizer.clip_grad_norm_(1.0, norm_type=-2.0)
+
     def step_with_closure():
         model = MixedNet()
         model, optimizer = dearcomm.wrap(model, sgd(model))
@@ -164,6 +186,8 @@ MISUSE = {
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
     "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
+    "clip_with_nan_max_norm": ("ValueError", "max_norm must be a number >= 0 .*got nan"),
+    "clip_with_negative_norm_type": ("ValueError", "norm_type must be a positive number or inf, got -2.0"),
     "options_differ_between_ranks": ("ValueError", r"rank 1 passed other wrap\(\) options than rank 0 \(ranks that "
                                                    r"differ: \[1\]\): blocks=\{'fc.weight': \[64, 196\]\} on rank 0 "
                                                    r"but \{'fc.weight': \[128, 132\]\} on rank 1"),
