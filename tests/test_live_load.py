@@ -82,6 +82,10 @@ class Run:
         return (_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler),
                 _checkpoint(self.reference, self.ref_opt, self.ref_scheduler, self.ref_scaler))
 
+    def assert_matches(self, what):
+        self.model.sync()
+        assert_same_parameters(self.model, self.reference, what)
+
     def load(self, saved):
         _restore(saved[0], self.model, self.optimizer, self.scheduler, self.scaler)
         _restore(saved[1], self.reference, self.ref_opt, self.ref_scheduler, self.ref_scaler)
@@ -112,8 +116,7 @@ def live_load_worker(rank, world_size, variant):
             assert_same_parameters(r.model, r.reference, f"{what}, right after the load")
             for _ in range(STEPS):
                 r.step()
-            r.model.sync()
-            assert_same_parameters(r.model, r.reference, f"{what}, trained on after the load")
+            r.assert_matches(f"{what}, trained on after the load")
             torch.testing.assert_close(r.optimizer.state_dict()["state"], r.ref_opt.state_dict()["state"], **TOL,
                                        msg=lambda m: f"{what}, optimizer state: {m}")
     return each_schedule(rank, world_size, run)
@@ -138,8 +141,7 @@ def optimizer_only_worker(rank, world_size):
         _restore(saved[1], r.ref_opt)
         for _ in range(STEPS):
             r.step()
-        r.model.sync()
-        assert_same_parameters(r.model, r.reference, "after loading the optimizer alone")
+        r.assert_matches("after loading the optimizer alone")
     return each_schedule(rank, world_size, run)
 
 
@@ -164,8 +166,7 @@ def hand_edits_worker(rank, world_size):
                     optimizer.param_groups[1]["lr"] = 0.05
                     optimizer.param_groups[0]["weight_decay"] = 0.5
             r.step()
-        r.model.sync()
-        assert_same_parameters(r.model, r.reference, "after editing param_groups' hyper-parameters")
+        r.assert_matches("after editing param_groups' hyper-parameters")
     return each_schedule(rank, world_size, run)
 
 
@@ -193,8 +194,7 @@ def refusals_worker(rank, world_size):
         assert all(p.dtype == torch.float32 for p in r.model.parameters())
         r.model.to("cpu")  # a no-op conversion is fine
         r.step()
-        r.model.sync()
-        assert_same_parameters(r.model, r.reference, "after refused conversions")
+        r.assert_matches("after refused conversions")
 
         # Parameters added to a group by hand: refused at the next step.
         r.optimizer.param_groups[0]["params"].append(extra)
