@@ -29,7 +29,13 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="train a torch DDP copy beside it, each step after dearcomm's")
     parser.add_argument("--scaler", action="store_true", help="torch.amp.GradScaler('cpu') on both")
     parser.add_argument("--drop", action="store_true", help="del the model and optimizer, and collect, before exiting")
+    parser.add_argument("--compare", action="store_true",
+                        help="a user's first comparison script instead: a small MLP wrapped with --schedule beside "
+                             "torch DDP, two GradScaler steps each, sync(), print the largest difference")
     args = parser.parse_args()
+    if args.compare:
+        compare(args.schedule, args.update)
+        return
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
@@ -82,6 +88,29 @@ def main() -> None:
     if args.destroy:
         dist.destroy_process_group()
     # and exit straight away: no sleep, no barrier
+
+
+def compare(schedule, update) -> None:
+    """A user's first comparison script, which aborted at exit under torchrun
+    in 8 of 100 runs before dearcomm/_exit.py (torch DDP alone did too): it
+    ends within milliseconds of DDP's last backward, with no
+    destroy_process_group(). scripts/exit_stress.sh runs it many times."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    model, optimizer = dearcomm.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1), schedule=schedule, update=update)
+    ddp_optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    scaler, ddp_scaler = torch.amp.GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    for _ in range(2):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        for m, opt, scale in ((model, optimizer, scaler), (ddp, ddp_optimizer, ddp_scaler)):
+            opt.zero_grad()
+            scale.scale(nn.functional.mse_loss(m(x), y)).backward()
+            scale.step(opt)
+            scale.update()
+    model.sync()
+    print(dist.get_rank(), max((a - b).abs().max().item() for a, b in zip(model.parameters(), ddp.parameters())))
 
 
 if __name__ == "__main__":
