@@ -18,14 +18,14 @@ from .plan import BACKWARD, FORWARD, Plan, Task
 from .profile import (LayerProfile, ModelProfile, chain, coarsen, load_shared_profile, profile_sequential,
                       shared_profile_names)
 from .planner import plan_pipeline
-from .simulate import SimResult, Span, list_schedule, simulate
+from .simulate import SimResult, SimulationStuck, Span, list_schedule, simulate
 from .topology import PRESETS, Topology, TransferCpu, preset, servers, switched, uniform
 
 __all__ = [
     "BASELINES", "all_plans", "brute_force", "dapple_plan", "draw_timeline", "gpipe_plan", "one_f_one_b_plan",
     "pipedream_plan", "plan_pipeline", "write_chrome_trace",
-    "BACKWARD", "FORWARD", "LayerProfile", "ModelProfile", "PRESETS", "Plan", "SimResult", "Span", "Task",
-    "Topology", "TransferCpu", "chain", "coarsen", "gpipe_orders", "list_orders", "list_schedule",
+    "BACKWARD", "FORWARD", "LayerProfile", "ModelProfile", "PRESETS", "Plan", "SimResult", "SimulationStuck", "Span",
+    "Task", "Topology", "TransferCpu", "chain", "coarsen", "gpipe_orders", "list_orders", "list_schedule",
     "load_shared_profile",
     "one_f_one_b_orders", "preset", "profile_sequential", "servers", "shared_profile_names", "simulate",
     "switched", "uniform",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from . import validate
 from .order import gpipe_orders, one_f_one_b_orders
 from .partition import balanced_bounds, pipedream_dp, sync_dp, sync_estimate
 from .plan import Plan, check_sizes
@@ -28,24 +29,31 @@ def _finish(plan: Plan, profile: ModelProfile, topology: Topology) -> Plan:
                 simulate(plan, profile, topology).makespan_ms)
 
 
-def _one_stage_per_device(profile: ModelProfile, topology: Topology, num_microbatches: int, orders, name: str) -> Plan:
+def _check(profile: ModelProfile, topology: Topology, num_microbatches: int, where: str) -> None:
+    validate.problem(profile, topology, where)
+    check_sizes(len(profile), topology.size, None, num_microbatches, where)
+
+
+def _one_stage_per_device(profile: ModelProfile, topology: Topology, num_microbatches: int, orders, name: str,
+                          where: str) -> Plan:
     """Balanced stages, stage s on device s, tasks in the given order rule."""
-    check_sizes(len(profile), topology.size, None, num_microbatches)
+    _check(profile, topology, num_microbatches, where)
     bounds = balanced_bounds(profile, min(topology.size, len(profile)))
     devices = tuple((s,) for s in range(len(bounds) - 1))
     return _finish(Plan(bounds, devices, orders(devices, num_microbatches), num_microbatches, name), profile, topology)
 
 
 def gpipe_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
-    return _one_stage_per_device(profile, topology, num_microbatches, gpipe_orders, "gpipe")
+    return _one_stage_per_device(profile, topology, num_microbatches, gpipe_orders, "gpipe", "gpipe_plan()")
 
 
 def one_f_one_b_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
-    return _one_stage_per_device(profile, topology, num_microbatches, one_f_one_b_orders, "1f1b")
+    return _one_stage_per_device(profile, topology, num_microbatches, one_f_one_b_orders, "1f1b",
+                                 "one_f_one_b_plan()")
 
 
 def pipedream_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
-    check_sizes(len(profile), topology.size, None, num_microbatches)
+    _check(profile, topology, num_microbatches, "pipedream_plan()")
     n = topology.size
     pairs = [topology.link_bandwidth(a, b) for a in range(n) for b in range(n) if a != b]
     bandwidth = sum(pairs) / len(pairs) if pairs else 1e12
@@ -60,7 +68,7 @@ def pipedream_plan(profile: ModelProfile, topology: Topology, num_microbatches: 
 
 
 def dapple_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
-    check_sizes(len(profile), topology.size, None, num_microbatches)
+    _check(profile, topology, num_microbatches, "dapple_plan()")
     order = tuple(range(topology.size))
     cands = sync_dp(profile, topology, order, num_microbatches)
     bounds, devices = min(cands, key=lambda c: (sync_estimate(Costs(profile, topology, *c), num_microbatches), c))

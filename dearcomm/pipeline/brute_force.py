@@ -11,6 +11,7 @@ import itertools
 import math
 from typing import Iterator, List, Tuple
 
+from . import validate
 from .partition import sync_estimate
 from .plan import Plan, check_sizes
 from .planner import best_scheduled
@@ -40,8 +41,9 @@ def _groups(devices: Tuple[int, ...], stages: int) -> Iterator[Tuple[Tuple[int, 
 
 
 def brute_force(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
+    validate.problem(profile, topology, "brute_force()")
     L, D, M = len(profile), topology.size, num_microbatches
-    check_sizes(L, D, None, M)
+    check_sizes(L, D, None, M, "brute_force()")
     if L > MAX_LAYERS or D > MAX_DEVICES:
         raise ValueError(f"dearcomm: brute_force() is for at most {MAX_LAYERS} layers and {MAX_DEVICES} devices, "
                          f"got {L} layers and {D} devices")

@@ -34,10 +34,15 @@ class SharedCores:
         """When the first running item ends if nothing else starts; None if idle."""
         return self.now + min(self.left.values()) / self.speed() if self.left else None
 
-    def finished(self, t: float) -> List[Hashable]:
-        """Items whose work is done at t (removed), in the order they started."""
+    def finished(self, t: float, due: bool = False) -> List[Hashable]:
+        """Items whose work is done at t (removed), in the order they started.
+        due: t is the next_end() predicted with nothing started since, so the
+        item with the least work left ends even if rounding left it a sliver
+        (waiting for that sliver could repeat at the same t forever)."""
         self.advance(t)
         done = [k for k, v in self.left.items() if v <= 1e-9 * max(1.0, t)]
+        if due and not done and self.left:
+            done = [min(self.left, key=self.left.__getitem__)]
         for key in done:
             del self.left[key]
         return done

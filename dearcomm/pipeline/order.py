@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import validate
 from .plan import BACKWARD, FORWARD, Task
 from .profile import ModelProfile
 from .simulate import list_schedule
@@ -12,8 +13,14 @@ from .topology import Topology
 Orders = Dict[int, Tuple[Task, ...]]
 
 
+def _check(devices: Sequence[Sequence[int]], num_microbatches: int, where: str) -> None:
+    validate.positive_int(num_microbatches, "num_microbatches", where)
+    validate.stage_devices(devices, where)
+
+
 def gpipe_orders(devices: Sequence[Sequence[int]], num_microbatches: int) -> Orders:
     """All of a device's forwards, then all its backwards, in micro-batch order."""
+    _check(devices, num_microbatches, "gpipe_orders()")
     orders = {}
     for s, group in enumerate(devices):
         for j, d in enumerate(group):
@@ -31,6 +38,7 @@ def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int,
     only there; profile, topology and bounds are then needed) it is list
     scheduling with the same memory rule per device: at most S - s forwards
     in flight on each replica, backwards first, earlier micro-batches first."""
+    _check(devices, num_microbatches, "one_f_one_b_orders()")
     S = len(devices)
     if any(len(g) > 1 for g in devices):
         if profile is None or topology is None or bounds is None:

@@ -101,12 +101,12 @@ def sync_dp(profile: ModelProfile, topology: Topology, order: Sequence[int], num
     t = _OrderTables(profile, topology, order)
     M, L, D = num_microbatches, len(profile), len(order)
     max_stages = min(max_stages or L, L, D)
-    if M == 1:
+    top = (M - 1) * t.work[L] * 1.0001
+    if not 0 < top < math.inf:  # one micro-batch or no compute (nothing to trade), or beyond floats
         caps = [math.inf]
     else:
-        top = (M - 1) * t.work[L] * 1.0001
         low = top / (4.0 * D)
-        caps = [top * (low / top) ** (i / (num_caps - 1)) for i in range(num_caps)] + [math.inf]
+        caps = [top * (low / top) ** (i / max(num_caps - 1, 1)) for i in range(num_caps)] + [math.inf]
     out: List[Candidate] = []
     for cap in caps:
         c = _dp_with_cap(t, L, D, M, cap, max_stages)
@@ -128,7 +128,8 @@ def _dp_with_cap(t: _OrderTables, L: int, D: int, M: int, cap: float, max_stages
                 per = math.ceil(M / r) - 1
                 if j > 0:
                     per_byte, lat = t.into[k, r]
-                    x = 2 * (t.cut[j] * per_byte + lat)
+                    # 0 bytes cost nothing even over a link too slow to price (0 * inf is NaN).
+                    x = 2 * ((t.cut[j] * per_byte if t.cut[j] > 0 else 0.0) + lat)
                     if per * x > cap and M > 1:
                         continue
                 else:
@@ -148,7 +149,7 @@ def _dp_with_cap(t: _OrderTables, L: int, D: int, M: int, cap: float, max_stages
         return None
     _, k = min(ends)
     bounds, groups, key = [L], [], (L, k)
-    while best[key][2] is not None:
+    while best[key][2] is not None:  # parents place fewer layers: j falls to 0
         pj, pk = best[key][2]
         bounds.append(pj)
         groups.append(tuple(t.order[pk:key[1]]))
@@ -212,7 +213,7 @@ def pipedream_dp(profile: ModelProfile, num_devices: int, bandwidth: float) -> T
             A[j2, m] = (bestv, arg)
     _, m = min((A[L, m][0], m) for m in range(1, D + 1))
     bounds, reps, key = [L], [], (L, m)
-    while True:
+    while True:  # each stage's start j is below its end: j falls to 0
         j, pm, r = A[key][1]
         bounds.append(j)
         reps.append(r)

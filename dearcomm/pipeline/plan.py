@@ -8,7 +8,9 @@ replicas all-reduce the stage's gradients after their last backward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import validate
 
 FORWARD, BACKWARD = "F", "B"
 
@@ -31,6 +33,16 @@ class Plan:
     num_microbatches: int
     name: str = "plan"
     predicted_ms: Optional[float] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # Types and counts only; validate() checks them against a profile and a topology.
+        where = f"plan {self.name!r}"
+        validate.positive_int(self.num_microbatches, "num_microbatches", where)
+        validate.stage_bounds(self.bounds, where)
+        validate.stage_devices(self.devices, where)
+        validate.instance(self.orders, Mapping, "orders", where)
+        if self.predicted_ms is not None:
+            validate.finite_nonnegative(self.predicted_ms, "predicted_ms", where)
 
     @property
     def num_stages(self) -> int:
@@ -66,23 +78,9 @@ class Plan:
 
     def validate(self, num_layers: int, num_devices: int) -> None:
         """Structure only (the simulator finds orders that deadlock)."""
-        check_sizes(num_layers, num_devices, self.num_stages, self.num_microbatches)
-        b = self.bounds
-        if len(b) != self.num_stages + 1 or b[0] != 0 or b[-1] != num_layers or any(x >= y for x, y in zip(b, b[1:])):
-            raise ValueError(f"dearcomm: plan {self.name!r}: stage bounds {b} must rise strictly from 0 to "
-                             f"{num_layers} with one more entry than the {self.num_stages} stages")
-        seen: Dict[int, int] = {}
-        for s, group in enumerate(self.devices):
-            if not group:
-                raise ValueError(f"dearcomm: plan {self.name!r}: stage {s} has no device")
-            for d in group:
-                if not 0 <= d < num_devices:
-                    raise ValueError(f"dearcomm: plan {self.name!r}: stage {s} uses device {d}; "
-                                     f"the topology has devices 0..{num_devices - 1}")
-                if d in seen:
-                    raise ValueError(f"dearcomm: plan {self.name!r}: device {d} is in stages {seen[d]} and {s}; "
-                                     "a device holds one stage")
-                seen[d] = s
+        where = f"plan {self.name!r}"
+        check_sizes(num_layers, num_devices, self.num_stages, self.num_microbatches, where)
+        seen = check_stages(self.bounds, self.devices, num_layers, num_devices, where)
         for d in self.orders:
             if d not in seen:
                 raise ValueError(f"dearcomm: plan {self.name!r}: device {d} has tasks but holds no stage")
@@ -90,7 +88,10 @@ class Plan:
             for j, d in enumerate(group):
                 mine = self.microbatches_of(s, j)
                 want = sorted(Task(k, s, m) for k in (FORWARD, BACKWARD) for m in mine)
+                validate.sequence(self.orders.get(d, ()), f"orders[{d}]", where)
                 got = list(self.orders.get(d, ()))
+                for i, task in enumerate(got):
+                    validate.instance(task, Task, f"orders[{d}][{i}]", where)
                 if sorted(got) != want:
                     raise ValueError(f"dearcomm: plan {self.name!r}: device {d} (stage {s}, replica {j}) must run "
                                      f"F and B of micro-batches {mine} once each; got {[str(t) for t in got]}")
@@ -100,20 +101,41 @@ class Plan:
                         raise ValueError(f"dearcomm: plan {self.name!r}: device {d} runs B{m} before F{m}")
 
 
-def check_sizes(num_layers: int, num_devices: int, num_stages: Optional[int], num_microbatches: int) -> None:
+def check_stages(bounds: Any, devices: Any, num_layers: int, num_devices: int, where: str) -> Dict[int, int]:
+    """Stage bounds that rise from 0 to num_layers, and one non-empty group of
+    distinct devices of the topology per stage; returns {device: its stage}."""
+    validate.stage_bounds(bounds, where)
+    validate.stage_devices(devices, where)
+    b, S = bounds, len(devices)
+    if len(b) != S + 1 or b[0] != 0 or b[-1] != num_layers or any(x >= y for x, y in zip(b, b[1:])):
+        raise ValueError(f"dearcomm: {where}: stage bounds {tuple(b)} must rise strictly from 0 to "
+                         f"{num_layers} with one more entry than the {S} stages")
+    seen: Dict[int, int] = {}
+    for s, group in enumerate(devices):
+        for d in group:
+            if not 0 <= d < num_devices:
+                raise ValueError(f"dearcomm: {where}: stage {s} uses device {d}; "
+                                 f"the topology has devices 0..{num_devices - 1}")
+            if d in seen:
+                raise ValueError(f"dearcomm: {where}: device {d} is in stages {seen[d]} and {s}; "
+                                 "a device holds one stage")
+            seen[d] = s
+    return seen
+
+
+def check_sizes(num_layers: int, num_devices: int, num_stages: Optional[int], num_microbatches: int,
+                where: str) -> None:
     """The errors every entry point shares: named values, expected vs got."""
-    if num_microbatches is None or int(num_microbatches) != num_microbatches or num_microbatches < 1:
-        raise ValueError(f"dearcomm: num_microbatches must be a positive integer, got {num_microbatches!r}")
+    validate.positive_int(num_microbatches, "num_microbatches", where)
     if num_layers < 1:
-        raise ValueError(f"dearcomm: the profile must have at least one layer, got {num_layers}")
+        raise ValueError(f"dearcomm: {where}: the profile must have at least one layer, got {num_layers}")
     if num_devices < 1:
-        raise ValueError(f"dearcomm: the topology must have at least one device, got {num_devices}")
+        raise ValueError(f"dearcomm: {where}: the topology must have at least one device, got {num_devices}")
     if num_stages is not None:
-        if num_stages < 1:
-            raise ValueError(f"dearcomm: num_stages must be >= 1, got {num_stages}")
+        validate.positive_int(num_stages, "num_stages", where)
         if num_stages > num_layers:
-            raise ValueError(f"dearcomm: {num_stages} stages but only {num_layers} layers; a stage needs at least "
-                             f"one layer, so use at most {num_layers} stages")
+            raise ValueError(f"dearcomm: {where}: {num_stages} stages but only {num_layers} layers; a stage needs "
+                             f"at least one layer, so use at most {num_layers} stages")
         if num_stages > num_devices:
-            raise ValueError(f"dearcomm: {num_stages} stages but only {num_devices} devices; a device holds one "
-                             f"stage, so use at most {num_devices} stages")
+            raise ValueError(f"dearcomm: {where}: {num_stages} stages but only {num_devices} devices; a device "
+                             f"holds one stage, so use at most {num_devices} stages")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from . import validate
 from .order import gpipe_orders, list_orders, one_f_one_b_orders
 from .partition import Candidate, sync_dp, sync_estimate
 from .mapping import search_orders
@@ -35,7 +36,15 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
     DP; exhaustive_limit: distinct device orders above which the mapping
     search turns heuristic; refine_budget: simulations the local search may
     spend (0: none), shared by `starts` climbs."""
-    check_sizes(len(profile), topology.size, max_stages, num_microbatches)
+    where = "plan_pipeline()"
+    validate.problem(profile, topology, where)
+    validate.optional_positive_int(max_stages, "max_stages", where)
+    validate.nonnegative_int(finalists, "finalists", where)
+    validate.positive_int(num_caps, "num_caps", where)
+    validate.nonnegative_int(exhaustive_limit, "exhaustive_limit", where)
+    validate.nonnegative_int(refine_budget, "refine_budget", where)
+    validate.positive_int(starts, "starts", where)  # refine_budget is shared among them
+    check_sizes(len(profile), topology.size, max_stages, num_microbatches, where)
     pool: List[Tuple[float, Candidate]] = []
 
     def score(order) -> float:

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import validate
+
 SHARED_PROFILES = os.environ.get("DEARCOMM_PROFILES", "/work/shared/profiles/layer_profiles.json")
 
 
@@ -25,6 +27,13 @@ class LayerProfile:
     activation_bytes: float  # this layer's output, per micro-batch
     param_bytes: float
 
+    def __post_init__(self) -> None:
+        where = f"layer {self.name!r}"
+        for field in ("forward_ms", "backward_ms"):
+            validate.finite_nonnegative(getattr(self, field), field, where, kind="cost")
+        for field in ("activation_bytes", "param_bytes"):
+            validate.finite_nonnegative(getattr(self, field), field, where, kind="size")
+
 
 @dataclass(frozen=True)
 class ModelProfile:
@@ -33,14 +42,22 @@ class ModelProfile:
     cut_bytes: Tuple[float, ...]  # len(layers) - 1 entries, see the module docstring
 
     def __post_init__(self) -> None:
+        where = f"profile {self.name!r}"
+        validate.sequence(self.layers, "layers", where)
+        validate.sequence(self.cut_bytes, "cut_bytes", where)
         if not self.layers:
             raise ValueError(f"dearcomm: profile {self.name!r} has no layers; expected at least one")
         if len(self.cut_bytes) != len(self.layers) - 1:
             raise ValueError(f"dearcomm: profile {self.name!r}: expected {len(self.layers) - 1} cut sizes "
                              f"(one per boundary between layers), got {len(self.cut_bytes)}")
-        for layer in self.layers:
-            if min(layer.forward_ms, layer.backward_ms, layer.activation_bytes, layer.param_bytes) < 0:
-                raise ValueError(f"dearcomm: layer {layer.name!r} of {self.name!r} has a negative cost: {layer}")
+        for i, layer in enumerate(self.layers):  # its numbers were checked when it was made
+            validate.instance(layer, LayerProfile, f"layers[{i}]", where)
+        for i, nbytes in enumerate(self.cut_bytes):
+            validate.finite_nonnegative(nbytes, f"cut_bytes[{i}]", where, kind="size")
+        # Stages add their layers up: finite layers whose sum overflows would be an infinite stage.
+        validate.finite_sum([l.forward_ms + l.backward_ms for l in self.layers],
+                            "the layers' forward_ms + backward_ms", where)
+        validate.finite_sum([l.param_bytes for l in self.layers], "the layers' param_bytes", where)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -65,6 +82,7 @@ class ModelProfile:
 
 def chain(name: str, layers: Sequence[LayerProfile]) -> ModelProfile:
     """A profile whose layers feed only their successor."""
+    validate.sequence(layers, "layers", f"chain({name!r})")
     return ModelProfile(name, tuple(layers), tuple(l.activation_bytes for l in layers[:-1]))
 
 
@@ -97,9 +115,20 @@ def load_shared_profile(name: str, path: str = SHARED_PROFILES) -> ModelProfile:
     if name not in models:
         raise ValueError(f"dearcomm: no profile {name!r} in {path}; expected one of {sorted(models)}")
     entry = models[name]
-    layers = [LayerProfile(l["id"], float(l["fwd_ms"]), float(l["bwd_ms"]), float(l["act_bytes"]),
-                           float(l["param_bytes"])) for l in entry["layers"]]
+    layers = [_json_layer(l, f"profile {name!r} in {path}") for l in entry["layers"]]
     return from_graph(name, layers, [tuple(e) for e in entry.get("edges", [])])
+
+
+def _json_layer(entry: Dict, where: str) -> LayerProfile:
+    """One layer of the shared profiles' JSON; its errors say which file and model."""
+    keys = ("id", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes")
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise ValueError(f"dearcomm: {where}: layer {entry.get('id', '?')!r} lacks {missing}; expected keys {keys}")
+    try:
+        return LayerProfile(*(entry[k] for k in keys))
+    except (TypeError, ValueError) as e:  # a value LayerProfile refuses: NaN, null, "12", ...
+        raise type(e)(f"dearcomm: {where}: {str(e).removeprefix('dearcomm: ')}") from e
 
 
 def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
@@ -107,9 +136,9 @@ def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
     compute, so that planning stays fast on 100-400-layer graphs. Among the
     cut points near each equal-time mark, the one with the fewest bytes wins
     (planners only split at block boundaries, so cheap cuts must survive)."""
+    validate.instance(profile, ModelProfile, "profile", "coarsen()")
+    validate.positive_int(max_layers, "max_layers", "coarsen()")
     n = len(profile)
-    if max_layers < 1:
-        raise ValueError(f"dearcomm: coarsen() needs max_layers >= 1, got {max_layers}")
     if n <= max_layers:
         return profile
     total = profile.total_ms() or float(n)
@@ -150,6 +179,8 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
     the loss when `loss_fn(output, target)` is given. clock=time.thread_time
     measures the work itself (CPU time), without the waits for a core that a
     busy machine adds to wall time; the simulator's shared-cores model wants that."""
+    validate.positive_int(repeats, "repeats", "profile_sequential()")  # the median of none is an error
+    validate.nonnegative_int(warmup, "warmup", "profile_sequential()")
     import statistics
 
     import torch

@@ -71,7 +71,7 @@ def hill_climb(start: Candidate, cost: Callable[[Candidate], float], num_layers:
     """(best candidate, its cost, evaluations used)."""
     seen = {start: cost(start)}
     current, current_cost, used = start, seen[start], 1
-    while used < budget:
+    while used < budget:  # a pass that moves has spent an evaluation; one that does not stops
         best, best_cost = None, current_cost
         for nb in neighbours(current, num_layers, num_devices, swaps):
             if nb in seen:

@@ -28,14 +28,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import validate
 from .cores import SharedCores
-from .plan import BACKWARD, FORWARD, Plan, Task
+from .plan import BACKWARD, FORWARD, Plan, Task, check_sizes, check_stages
 from .profile import ModelProfile
 from .topology import Topology
+
+
+class SimulationStuck(RuntimeError, ValueError):
+    """The simulated iteration cannot finish: an order deadlocks, or no event
+    can make progress. A ValueError too, because a deadlocking order is a bad
+    argument to simulate() (what it raised before the event loop had a guard)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,10 @@ def longest_remaining_path(costs: Costs) -> Callable[[Task], Tuple]:
 
 
 def simulate(plan: Plan, profile: ModelProfile, topology: Topology) -> SimResult:
-    """Runs the plan's orders; raises ValueError if they deadlock."""
+    """Runs the plan's orders; raises SimulationStuck (a RuntimeError and a
+    ValueError) if they deadlock."""
+    validate.instance(plan, Plan, "plan", "simulate()")
+    validate.problem(profile, topology, "simulate()")
     plan.validate(len(profile), topology.size)
     return _run(Costs(profile, topology, plan.bounds, plan.devices), plan.num_microbatches, plan.orders, None)
 
@@ -115,6 +126,16 @@ def list_schedule(profile: ModelProfile, topology: Topology, bounds: Sequence[in
     """Whenever a device is idle it starts its ready task of best priority
     (default: longest remaining path), without exceeding max_in_flight[device]
     forwards whose backward has not run. The result's orders replay exactly."""
+    where = "list_schedule()"
+    validate.problem(profile, topology, where)
+    check_sizes(len(profile), topology.size, None, num_microbatches, where)
+    check_stages(bounds, devices, len(profile), topology.size, where)
+    if priority is not None and not callable(priority):
+        raise TypeError(f"dearcomm: {where}: priority must be a callable (task -> sort key), got {priority!r:.80}")
+    if max_in_flight is not None:
+        validate.instance(max_in_flight, Mapping, "max_in_flight", where)
+        for d, cap in max_in_flight.items():  # 0 would never let a forward start
+            validate.positive_int(cap, f"max_in_flight[{d!r}]", where)
     costs = Costs(profile, topology, bounds, devices)
     return _run(costs, num_microbatches, None, priority or longest_remaining_path(costs), max_in_flight)
 
@@ -127,11 +148,13 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     def device_of(s: int, m: int) -> int:
         return devices[s][m % len(devices[s])]
 
-    mine: Dict[int, List[Task]] = {}
+    # Every device of a stage, even a replica with no micro-batch (more
+    # replicas than micro-batches): it still takes part in the all-reduce.
+    mine: Dict[int, List[Task]] = {d: [] for group in devices for d in group}
     for s in range(S):
         for m in range(M):
             for kind in (FORWARD, BACKWARD):
-                mine.setdefault(device_of(s, m), []).append(Task(kind, s, m))
+                mine[device_of(s, m)].append(Task(kind, s, m))
     if orders is not None:
         mine = {d: list(orders.get(d, ())) for d in mine}
     # Inputs still missing per task: the activation (F, s > 0), the local
@@ -139,7 +162,7 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     pending = {}
     for tasks in mine.values():
         for t in tasks:
-            pending[t] = (t.stage > 0) if t.kind == FORWARD else 1 + (t.stage < S - 1)
+            pending[t] = int(t.stage > 0) if t.kind == FORWARD else 1 + (t.stage < S - 1)
     arrivals: Dict[Task, float] = {}
     left_in_stage = [M] * S
     position = {d: 0 for d in mine}          # fixed orders: index of the next task
@@ -150,6 +173,7 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     cores = SharedCores(topo.host_cores) if topo.host_cores else None
     running: Dict = {}    # shared cores: item -> (when it started, what it is)
     version = 0           # shared cores: only the newest "cores" event is live
+    cores_changed = True  # shared cores: something started or ended since the live "cores" event was set
     in_flight = {d: 0 for d in mine}
     ran: Dict[int, List[Task]] = {d: [] for d in mine}
     resource_free: Dict = {}
@@ -157,6 +181,15 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     heap: List = []
     seq = itertools.count()
     end_time = 0.0
+
+    def push(when: float, what: str, payload) -> None:
+        # A NaN or infinite time would never be reached (a NaN is not even
+        # equal to itself), so the loop below could never pass it.
+        if not math.isfinite(when):
+            raise SimulationStuck(f"dearcomm: simulated time left the finite numbers: a {what!r} event "
+                                  f"({_describe(payload)}) falls at t = {when} ms; the profile's times and the "
+                                  "topology's links must add up to finite times")
+        heapq.heappush(heap, (when, next(seq), what, payload))
 
     def reserve(resources, t: float, occupancy: float) -> float:
         start = max([t] + [resource_free.get(r, 0.0) for r in resources])
@@ -173,9 +206,9 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
             gated = cores is not None and cpu.recv_ms(nbytes) > 0
             if gated:  # the receiver's work must end too before the data are usable
                 pending[target] += 1
-            heapq.heappush(heap, (start, next(seq), "charge", (src, cpu.send_ms(nbytes), target, dst, False)))
-            heapq.heappush(heap, (start, next(seq), "charge", (dst, cpu.recv_ms(nbytes), target, src, gated)))
-        heapq.heappush(heap, (start + occupancy + latency, next(seq), "arrive", target))
+            push(start, "charge", (src, cpu.send_ms(nbytes), target, dst, False))
+            push(start, "charge", (dst, cpu.recv_ms(nbytes), target, src, gated))
+        push(start + occupancy + latency, "arrive", target)
 
     def finish(t: float, task: Task, device: int) -> None:
         nonlocal end_time
@@ -198,7 +231,7 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                     if cpu:  # every ring step sends and receives one chunk of the gradients
                         chunk, steps = costs.params[s] / len(group), 2 * (len(group) - 1)
                         ms = steps * (cpu.send_ms(chunk) + cpu.recv_ms(chunk))
-                        heapq.heappush(heap, (start, next(seq), "charge", (d, ms, None, None, False)))
+                        push(start, "charge", (d, ms, None, None, False))
                 end_time = max(end_time, start + costs.allreduce[s])
 
     def arrive(t: float, task: Task) -> None:
@@ -215,7 +248,7 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                 idle[d] = False
                 spans.append(Span("cpu", d, "cpu", t, t + ms, target, peer))
                 end_time = max(end_time, t + ms)
-                heapq.heappush(heap, (t + ms, next(seq), "cpu done", d))
+                push(t + ms, "cpu done", d)
                 continue
             if orders is not None:
                 if position[d] >= len(todo[d]) or pending[todo[d][position[d]]] > 0:
@@ -234,24 +267,31 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
             in_flight[d] += 1 if task.kind == FORWARD else -1
             ran[d].append(task)
             if cores is not None:
-                cores.start(t, (task, d), duration)
-                running[task, d] = (t, None)
+                start_on_cores(t, (task, d), duration, None)
                 continue
             spans.append(Span("compute", d, task.kind, t, t + duration, task))
-            heapq.heappush(heap, (t + duration, next(seq), "done", (task, d)))
+            push(t + duration, "done", (task, d))
 
     def charge(t: float, device: int, ms: float, target: Optional[Task], peer: Optional[int], gated: bool) -> None:
         if cores is None:
             if ms > 0:
                 cpu_work[device].append((ms, target, peer))
         elif ms > 0:
-            key = ("cpu", next(seq))
-            cores.start(t, key, ms)
-            running[key] = (t, (device, target, peer, gated))
+            start_on_cores(t, ("cpu", next(seq)), ms, (device, target, peer, gated))
+
+    def start_on_cores(t: float, key, ms: float, what) -> None:
+        nonlocal cores_changed
+        cores.start(t, key, ms)
+        running[key] = (t, what)
+        cores_changed = True
 
     def cores_done(t: float) -> None:
-        nonlocal end_time
-        for key in cores.finished(t):
+        # The live event is the first end retime() predicted, and nothing ended
+        # since, so an item ends now: due=True rounds a sliver of work that
+        # rounding left to done instead of waiting for it again and again.
+        nonlocal end_time, cores_changed
+        cores_changed = True
+        for key in cores.finished(t, due=True):
             start, what = running.pop(key)
             if what is None:  # a task
                 task, d = key
@@ -265,38 +305,84 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                     arrive(t, target)
 
     def retime(t: float) -> None:
-        # What runs on the shared cores may have changed: only the newest end event counts.
-        nonlocal version
-        if cores is not None:
+        # What runs on the shared cores changed: only the newest end event counts.
+        # Unchanged, the live event still holds (and no event is pushed, which
+        # bounds the "cores" events by the starts and ends on the cores).
+        nonlocal version, cores_changed
+        if cores is not None and cores_changed:
+            cores_changed = False
             version += 1
             end = cores.next_end()
             if end is not None:
-                heapq.heappush(heap, (max(end, t), next(seq), "cores", version))
+                push(max(end, t), "cores", version)
 
+    def handle(t: float, what: str, payload) -> None:
+        if what == "done":
+            finish(t, *payload)
+        elif what == "cpu done":
+            idle[payload] = True
+        elif what == "charge":
+            charge(t, *payload)
+        elif what == "cores":
+            if payload == version:
+                cores_done(t)
+        else:
+            arrive(t, payload)
+
+    def waiting() -> Dict[int, Task]:
+        """Each device's next task that has not started."""
+        if orders is not None:
+            return {d: todo[d][position[d]] for d in mine if position[d] < len(todo[d])}
+        return {d: todo[d][0] for d in mine if todo[d]}
+
+    # Termination: every round pops at least one event, and events have
+    # bounded causes (T tasks, G devices in stages): a "done" per task start
+    # (T); per task end at most one transfer, an "arrive" and two "charge"s
+    # (3T); per stage all-reduce a "charge" per replica (G); per "charge" a
+    # "cpu done" or a start on the shared cores (2T + G); a "cores" event only
+    # after a start there (at most 3T + G) or a live "cores" event, each of
+    # which ends an item (3T + G). That is at most 12T + 4G + 1 events, so
+    # passing max_rounds means this accounting broke, never a long run.
+    T, G = sum(len(ts) for ts in mine.values()), sum(len(g) for g in devices)
+    max_rounds = 13 * T + 4 * G + 16
+    rounds = 0
     dispatch(0.0)
     retime(0.0)
     while heap:
-        t = heap[0][0]
+        rounds += 1
+        if rounds > max_rounds:
+            busy = sorted(d for d in mine if not idle[d])
+            raise SimulationStuck(f"dearcomm: the simulation makes no progress ({len(heap)} events left after "
+                                  f"{max_rounds} rounds; busy device(s) {busy}): "
+                                  f"{_waits(waiting(), pending, 'missing')}")
+        t, _, what, payload = heapq.heappop(heap)  # one event per round at least, whatever its time
+        handle(t, what, payload)
         while heap and heap[0][0] == t:
             _, _, what, payload = heapq.heappop(heap)
-            if what == "done":
-                finish(t, *payload)
-            elif what == "cpu done":
-                idle[payload] = True
-            elif what == "charge":
-                charge(t, *payload)
-            elif what == "cores":
-                if payload == version:
-                    cores_done(t)
-            else:
-                arrive(t, payload)
+            handle(t, what, payload)
         dispatch(t)
         retime(t)
-    stuck = {d: (todo[d][position[d]] if orders is not None else todo[d][0])
-             for d in mine if (position[d] < len(todo[d]) if orders is not None else todo[d])}
-    if stuck:
-        detail = "; ".join(f"device {d} waits to run {t} ({pending[t]} input(s) never come)"
-                           for d, t in sorted(stuck.items()))
-        raise ValueError(f"dearcomm: the plan deadlocks: {detail}. Each device's order must let every "
-                         "micro-batch's forward reach the last stage and its backward come back")
+    stuck = waiting()
+    if stuck or running:
+        detail = _waits(stuck, pending, "never come")
+        if running:
+            detail += f"; {len(running)} item(s) on the shared cores never end"
+        raise SimulationStuck(f"dearcomm: the plan deadlocks: {detail}. Each device's order must let every "
+                              "micro-batch's forward reach the last stage and its backward come back")
     return SimResult(end_time, spans, {d: tuple(ts) for d, ts in ran.items()}, arrivals)
+
+
+def _waits(stuck: Dict[int, Task], pending: Dict[Task, int], inputs: str) -> str:
+    return "; ".join(f"device {d} waits to run {t} ({pending[t]} input(s) {inputs})"
+                     for d, t in sorted(stuck.items())) or "no device waits for a task"
+
+
+def _describe(payload) -> str:
+    """An event's payload in words, for errors."""
+    if isinstance(payload, Task):
+        return f"task {payload}"
+    if isinstance(payload, tuple) and payload and isinstance(payload[0], Task):
+        return f"task {payload[0]} on device {payload[1]}"
+    if isinstance(payload, tuple):  # a charge: (device, ms, task fed, peer, gated)
+        return f"transfer CPU work of {payload[1]} ms on device {payload[0]}"
+    return f"device {payload}" if isinstance(payload, int) else repr(payload)

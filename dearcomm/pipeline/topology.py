@@ -8,8 +8,11 @@ all, or devices split into islands, are errors.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+from . import validate
 
 GB = 1e9
 MiB = float(1 << 20)
@@ -30,8 +33,8 @@ class TransferCpu:
     recv_ms_per_mib: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(vars(self).values()) < 0:
-            raise ValueError(f"dearcomm: transfer CPU costs must be >= 0, got {self}")
+        for name, value in vars(self).items():
+            validate.finite_nonnegative(value, name, "TransferCpu", kind="cost")
 
     def send_ms(self, nbytes: float) -> float:
         return self.send_ms_per_message + self.send_ms_per_mib * nbytes / MiB if nbytes > 0 else 0.0
@@ -62,17 +65,25 @@ class Topology:
     host_cores: float = 0
 
     def __post_init__(self) -> None:
+        where = f"topology {self.name!r}"
+        validate.finite_nonnegative(self.host_cores, "host_cores", where)
+        validate.instance(self.transfer_cpu, TransferCpu, "transfer_cpu", where)
+        validate.instance(self.link_resources, Mapping, "link_resources", where)
+        validate.sequence(self.bandwidth, "bandwidth", where)
         n = len(self.bandwidth)
-        if self.host_cores < 0:
-            raise ValueError(f"dearcomm: topology {self.name!r}: host_cores must be >= 0, got {self.host_cores}")
         if n < 1:
             raise ValueError("dearcomm: a topology needs at least one device, got an empty bandwidth matrix")
         for name, m in (("bandwidth", self.bandwidth), ("latency", self.latency)):
+            validate.sequence(m, name, where)
+            for row in m:
+                validate.sequence(row, f"a row of {name}", where)
             if len(m) != n or any(len(row) != n for row in m):
                 raise ValueError(f"dearcomm: topology {self.name!r}: {name} must be {n}x{n}, "
                                  f"got rows of lengths {[len(r) for r in m]}")
-            if any(v < 0 for row in m for v in row):
-                raise ValueError(f"dearcomm: topology {self.name!r}: {name} has a negative entry")
+            note = " (0: no link)" if name == "bandwidth" else ""
+            for i, row in enumerate(m):
+                for j, v in enumerate(row):
+                    validate.finite_nonnegative(v, f"{name}[{i}][{j}]", where, kind=name, note=note)
         if n > 1:
             lonely = [i for i in range(n) if not any(self.bandwidth[i][j] > 0 or self.bandwidth[j][i] > 0
                                                      for j in range(n) if j != i)]
@@ -113,7 +124,19 @@ class Topology:
         resources are busy for the occupancy; the data arrive latency later."""
         if src == dst or nbytes <= 0:
             return 0.0, 0.0
-        return nbytes / self.link_bandwidth(src, dst) * 1e3, self.link_latency(src, dst) * 1e3
+        bandwidth, latency = self.link_bandwidth(src, dst), self.link_latency(src, dst)
+        occupancy = nbytes / bandwidth * 1e3 if bandwidth > 0 else math.inf
+        self._check_finite(occupancy + latency * 1e3, nbytes, bandwidth, latency, f"{src} -> {dst}")
+        return occupancy, latency * 1e3
+
+    def _check_finite(self, ms: float, nbytes: float, bandwidth: float, latency: float, link: str) -> None:
+        """A transfer that never ends (no bandwidth on the route, or so little,
+        or so much latency, that the time overflows) is an error here, not an
+        infinite time that a planner or the simulator would carry on with."""
+        if not math.isfinite(ms):
+            raise RuntimeError(f"dearcomm: topology {self.name!r}: {nbytes:g} bytes over {link} (bandwidth "
+                               f"{bandwidth:g} bytes/s, latency {latency:g} s) never arrive; a route that a plan "
+                               "uses needs a bandwidth > 0 and a latency that deliver its data in finite time")
 
     def allreduce_ms(self, devices: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce over `devices` in that order: 2(r-1) steps of n/r
@@ -124,7 +147,9 @@ class Topology:
         ring = list(zip(devices, devices[1:] + devices[:1]))
         bw = min(self.link_bandwidth(a, b) for a, b in ring)
         alpha = max(self.link_latency(a, b) for a, b in ring)
-        return (2 * (r - 1) * alpha + 2 * (r - 1) / r * nbytes / bw) * 1e3
+        ms = (2 * (r - 1) * alpha + 2 * (r - 1) / r * nbytes / bw) * 1e3 if bw > 0 else math.inf
+        self._check_finite(ms, nbytes, bw, alpha, f"the ring {' -> '.join(map(str, list(devices) + [devices[0]]))}")
+        return ms
 
     def allreduce_resources(self, devices: Sequence[int]) -> Tuple[Resource, ...]:
         ring = list(zip(devices, list(devices[1:]) + list(devices[:1])))
@@ -150,7 +175,7 @@ def _widest_routes(bw: Sequence[Sequence[float]]) -> List[List[Optional[List[int
         best = {s: (float("inf"), 0)}
         prev: Dict[int, int] = {}
         done = set()
-        while True:
+        while True:  # ends within n passes: each one finishes a device not finished before
             cands = [(v, k) for k, v in best.items() if k not in done]
             if not cands:
                 break
@@ -166,7 +191,7 @@ def _widest_routes(bw: Sequence[Sequence[float]]) -> List[List[Optional[List[int
                 routes[s][t] = [s]
             elif t in done:
                 path = [t]
-                while path[-1] != s:
+                while path[-1] != s:  # prev leads to devices finished earlier, back to s
                     path.append(prev[path[-1]])
                 routes[s][t] = path[::-1]
     return routes
@@ -176,6 +201,9 @@ def _widest_routes(bw: Sequence[Sequence[float]]) -> List[List[Optional[List[int
 
 def uniform(n: int, gbytes_per_s: float = 10.0, latency_us: float = 5.0, name: str = "") -> Topology:
     """Every pair on its own link of the same speed."""
+    validate.positive_int(n, "n", "uniform()")
+    validate.finite_positive(gbytes_per_s, "gbytes_per_s", "uniform()")
+    validate.finite_nonnegative(latency_us, "latency_us", "uniform()")
     bw = tuple(tuple(0.0 if i == j else gbytes_per_s * GB for j in range(n)) for i in range(n))
     lat = tuple(tuple(0.0 if i == j else latency_us * 1e-6 for j in range(n)) for i in range(n))
     return Topology(bw, lat, name or f"uniform-{gbytes_per_s:g}GB/s")
@@ -185,6 +213,10 @@ def switched(rates: Sequence[float], latency_us: float = 30.0, name: str = "") -
     """One NIC per device into a switch: rates[i] bytes/s each way. A transfer
     i -> j runs at min(rate_i, rate_j) and holds i's sending side and j's
     receiving side, as netlab's tbf on both ends of every veth does."""
+    validate.sequence(rates, "rates", "switched()")
+    for i, rate in enumerate(rates):  # a device without a NIC rate would have no link at all
+        validate.finite_positive(rate, f"rates[{i}]", "switched()")
+    validate.finite_nonnegative(latency_us, "latency_us", "switched()")
     n = len(rates)
     bw = tuple(tuple(0.0 if i == j else min(rates[i], rates[j]) for j in range(n)) for i in range(n))
     lat = tuple(tuple(0.0 if i == j else latency_us * 1e-6 for j in range(n)) for i in range(n))
@@ -197,7 +229,14 @@ def servers(n: int, per_server: int, nvlink_pairs: bool, intra_gbps: float, nvli
             name: str = "") -> Topology:
     """Servers of `per_server` devices: NVLink between devices 2k and 2k+1 of a
     server (if nvlink_pairs), the intra-server bus (PCIe) between the others, and
-    one NIC per server shared by every transfer that leaves or enters it."""
+    one NIC per server shared by every transfer that leaves or enters it.
+    A zero rate is allowed (that kind of link is missing); the topology then
+    refuses devices it leaves unreachable."""
+    validate.positive_int(n, "n", "servers()")
+    validate.positive_int(per_server, "per_server", "servers()")
+    for field_name, value in (("intra_gbps", intra_gbps), ("nvlink_gbps", nvlink_gbps), ("nic_gbps", nic_gbps),
+                              ("intra_latency_us", intra_latency_us), ("nic_latency_us", nic_latency_us)):
+        validate.finite_nonnegative(value, field_name, "servers()")
     bw = [[0.0] * n for _ in range(n)]
     lat = [[0.0] * n for _ in range(n)]
     res: Dict[Tuple[int, int], Tuple[Resource, ...]] = {}
@@ -225,6 +264,7 @@ def preset(name: str, n: int) -> Topology:
     - nvlink-pairs: servers of 4 GPUs, NVLink pairs (~100 GB/s), PCIe between
       the pairs (~12 GB/s), one 10GbE NIC (~1.1 GB/s, 30 µs) per server;
     - ethernet-10g: one GPU per host, every host on 10GbE (~1.1 GB/s, 30 µs)."""
+    validate.positive_int(n, "n", f"preset({name!r})")
     if name == "nvlink-pairs":
         return servers(n, 4, True, intra_gbps=12.0, nvlink_gbps=100.0, nic_gbps=1.1, name=name)
     if name == "ethernet-10g":
