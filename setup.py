@@ -105,7 +105,7 @@ class BuildExtensionRecordingConfig(BuildExtension.with_options(use_ninja=True))
 extensions = [
     CppExtension(
         "dearcomm._C",
-        sources("bindings.cpp", "common_testing.cpp", "common/*.cpp", "engine/*.cpp", "schedule/*.cpp", "update/*.cpp", "backends/cpu/*.cpp"),
+        sources("bindings.cpp", "sim_bindings.cpp", "common_testing.cpp", "common/*.cpp", "core/*.cpp", "sim/*.cpp", "engine/*.cpp", "schedule/*.cpp", "update/*.cpp", "backends/cpu/*.cpp"),
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": CXX_FLAGS},
     )

@@ -20,6 +20,8 @@ using namespace dearcomm;
 
 namespace dearcomm {
 void register_testing(py::module& parent);  // common_testing.cpp
+void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py::handle&));  // sim_bindings.cpp
+py::list transitions_to_list(const std::vector<Transition>& records);
 }
 
 namespace {
@@ -52,6 +54,25 @@ struct PyPending {
     pending.reset();
   }
 };
+
+}  // namespace
+
+py::list dearcomm::transitions_to_list(const std::vector<Transition>& records) {
+  py::list out;
+  for (const Transition& t : records) {
+    py::dict d;
+    d["sequence"] = t.sequence;
+    d["state"] = to_string(t.iteration);
+    d["bucket"] = t.bucket;
+    d["event"] = t.bucket < 0 ? to_string(static_cast<IterationEvent>(t.event))
+                              : to_string(static_cast<BucketAction>(t.event));
+    d["bucket_state"] = t.bucket < 0 ? py::none() : py::cast(std::string(to_string(t.bucket_state)));
+    out.append(d);
+  }
+  return out;
+}
+
+namespace {
 
 std::shared_ptr<Engine> make_engine(
     BucketLayout layout,
@@ -152,6 +173,7 @@ std::shared_ptr<const Stamp> host_stamp(int64_t ns) {
 
 PYBIND11_MODULE(_C, m) {
   register_testing(m);
+  register_simulate(m, &to_scalar_type);
   m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
       py::arg("bucket_bytes"), py::arg("eligible_order"), py::arg("credit_bytes") = 0,
       py::arg("drained") = std::vector<int64_t>{},
@@ -306,7 +328,12 @@ PYBIND11_MODULE(_C, m) {
       .def("zero_grads", &Engine::zero_grads, py::arg("params"), py::arg("set_to_none"),
            "Zero-fills bucket views; returns the parameters whose .grad is no view (torch's zero_grad is theirs).")
       .def("finish_reductions", &Engine::finish_reductions, release())
-      .def("start_gathers", &Engine::start_gathers, release())
+      .def("begin_step", &Engine::begin_step, py::arg("averages_needed"), release(),
+           "optimizer.step() begins: waits for the reductions unless the schedule leaves them to the next forward "
+           "and nothing else needs the averages")
+      .def("end_step", &Engine::end_step, release(),
+           "optimizer.step() ends: issues what the next forward consumes, or ends the iteration")
+      .def("start_gathers", &Engine::end_step, release(), "end_step(), by its older name")
       .def("skip_step", &Engine::skip_step)
       .def("require_bucket", &Engine::require_bucket, release())
       .def("flush", &Engine::flush, release())
@@ -339,6 +366,10 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       }, "The collectives recorded since the last call, as dicts of steady-clock ns.")
+      .def("set_recording", &Engine::set_recording, py::arg("on"))
+      .def("take_records", [](Engine& engine) { return transitions_to_list(engine.take_records()); },
+           "The executor's state changes since the last call: dicts of sequence, state (the iteration's, after), "
+           "bucket (-1: an iteration event), event, bucket_state (after).")
       .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
       .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
       .def("set_update_fn", [](Engine& engine, py::function fn) {

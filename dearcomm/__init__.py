@@ -13,6 +13,8 @@ from ._module import DearModule
 from ._optimizer import DistributedOptimizer
 from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
 from ._wrap import wrap
+from .prediction import ModuleProfile, Network, Prediction, simulate
 
 __version__ = "0.1.0"
-__all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES"]
+__all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
+           "ModuleProfile", "Network", "Prediction"]

@@ -98,8 +98,7 @@ class DistributedOptimizer(Optimizer):
         self._check_groups_unchanged()
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
         clipping = self._runtime.options.max_grad_norm is not None
-        if scaling or clipping or engine.reductions_waited != "in_next_forward":
-            engine.finish_reductions()  # else (bytescheduler) the next forward waits for each bucket's
+        engine.begin_step(averages_needed=scaling or clipping)  # waits for the reductions unless the schedule leaves them to the next forward
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
         self._check_grads_untouched(allowed_changes=1 if user_unscaled else 0)
         self._runtime.forget_grad_versions()
@@ -110,7 +109,7 @@ class DistributedOptimizer(Optimizer):
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
-        engine.start_gathers()
+        engine.end_step()
         self._runtime.after_step()
         return None
 

@@ -199,14 +199,11 @@ class DearRuntime:
                         self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
                     grad = self._zeros[i]
                 engine.mark_grad_ready(i, grad)
-        engine.end_backward()  # raises naming parameters without a gradient; issues what the schedule held back
-        if engine.reductions_waited == "when_backward_returns":
-            engine.finish_reductions()  # the schedule's choice (wfbp: .grad holds the average, as with DDP)
-        elif engine.uses_grad_views:
-            # The reductions read .grad's memory: done before the user's code
-            # may write .grad (scaler.unscale_, clipping, logging). step()
-            # would wait for them next anyway.
-            engine.finish_reductions()
+        # Raises naming parameters without a gradient; issues what the schedule
+        # held back; waits for the reductions where the schedule says so (wfbp:
+        # .grad holds the average, as with DDP) or where they read .grad's
+        # memory, which the user's code may write next (scaler.unscale_, clipping).
+        engine.end_backward()
         if self.update.checks_grad_versions:
             # What step() applies was reduced from .grad as it was here.
             self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]

@@ -52,6 +52,7 @@ def issued(engine):
 
 def one_iteration(rank, world_size, schedule, update, credit):
     layout, engine = traced_engine(SIZES, CAP_BYTES, world_size, schedule, update, credit)
+    engine.set_recording(True)
     states = [str(engine.state).split(".")[-1]]
 
     def note():
@@ -73,7 +74,7 @@ def one_iteration(rank, world_size, schedule, update, credit):
     for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
         engine.require_bucket(b)
         note()
-    return len(layout.buckets), states, issued(engine), engine.prefetch_misses
+    return len(layout.buckets), states, issued(engine), engine.prefetch_misses, engine.take_records()
 
 
 EXPECTED = {
@@ -108,7 +109,7 @@ def test_each_schedule_walks_its_states_and_issues_its_collectives_in_order(worl
         name = f"{schedule}-{update}-{credit}"
         expected_states, expected_collectives = EXPECTED[(schedule, update, credit)]
         for rank, per_schedule in enumerate(results):
-            buckets, states, collectives, misses = per_schedule[name]
+            buckets, states, collectives, misses, _ = per_schedule[name]
             assert buckets == 3, f"the sizes were meant to give 3 buckets, got {buckets}"
             assert states == expected_states, f"{name}, rank {rank}: states {states}"
             assert collectives == expected_collectives(buckets), f"{name}, rank {rank}: {collectives}"
@@ -126,6 +127,31 @@ def test_ranks_with_different_gradient_orders_issue_identical_collectives(world_
         name = f"{schedule}-{update}-{credit}"
         sequences = [per_schedule[name][2] for per_schedule in results]
         assert all(s == sequences[0] for s in sequences), f"{name}: {sequences}"
+
+
+def simulated_records(world_size, schedule, update, credit):
+    """The executor's state changes for one iteration on the simulated device
+    (no processes), over the layout traced_engine plans."""
+    layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
+    modules = [(f"m{i}", 0.0, 0.0, [i]) for i in range(len(SIZES))]  # one parameter each; backward: last first
+    costs = {kind: (1e-5, 1e-9) for kind in ("reduce_scatter", "all_gather", "all_reduce")}
+    result = _C.simulate(layout, None, modules, 0.0, SIZES, schedule, update, credit, costs, 1)
+    return result["records"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_simulated_device_walks_the_states_recorded_from_gloo(world_size):
+    """The simulator runs the executor and policies that train: every state
+    change of an iteration (bucket by bucket, with its sequence number) on the
+    simulated device equals the one recorded on every rank of a real gloo run."""
+    results = run_workers(sequences_worker, world_size)
+    for schedule, update, credit in SCHEDULES:
+        name = f"{schedule}-{update}-{credit}"
+        simulated = simulated_records(world_size, schedule, update, credit)
+        assert simulated, name
+        for rank, per_schedule in enumerate(results):
+            real = per_schedule[name][4]
+            assert real == simulated, f"{name}, rank {rank}:\nreal {real}\nsimulated {simulated}"
 
 
 BIG_SIZES = [2**20, 2**20, 2**20, 2**20]  # 4 MiB each: one bucket per tensor under a 4 MiB cap

@@ -176,6 +176,19 @@ BucketLayout plan_buckets(
   return planner.finish();
 }
 
+core::Layout core_layout(const BucketLayout& layout, c10::ScalarType comm_dtype) {
+  core::Layout core;
+  for (const BucketSpec& spec : layout.buckets) {
+    const c10::ScalarType dtype = comm_dtype == c10::ScalarType::Undefined ? spec.dtype : comm_dtype;
+    core.buckets.push_back({spec.first_param, spec.num_params,
+                            spec.padded_numel * static_cast<int64_t>(c10::elementSize(dtype))});
+  }
+  for (const ParamSlot& slot : layout.params) {
+    core.params.push_back({slot.bucket, slot.last_bucket});
+  }
+  return core;
+}
+
 int64_t BucketLayout::buffer_offset(int64_t param) const {
   const ParamSlot& slot = params.at(param);
   return buckets[slot.bucket].buffer_offset + slot.offset;

@@ -3,6 +3,8 @@
 // function; the engine allocates buffers afterwards and checks them against it.
 #pragma once
 
+#include "core/layout.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -113,6 +115,10 @@ BucketLayout plan_buckets(
     int64_t world_size,
     int64_t partition_bytes = kNoPartition,
     const std::vector<std::vector<int64_t>>& blocks = {});
+
+// What the executor knows of `layout` (core/layout.h): spans, and each
+// bucket's bytes as communicated in `comm_dtype` (Undefined: its own dtype).
+core::Layout core_layout(const BucketLayout& layout, c10::ScalarType comm_dtype);
 
 // The granularity of partition boundaries, in elements of `dtype`.
 int64_t partition_unit(int64_t world_size, c10::ScalarType dtype);

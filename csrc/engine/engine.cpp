@@ -19,31 +19,8 @@ namespace dearcomm {
         std::string("dearcomm::") + (phase) + "[bucket " + std::to_string(bucket) + "]"); \
   }
 
-const char* to_string(IterationState state) {
-  switch (state) {
-    case IterationState::kIdle: return "IDLE";
-    case IterationState::kBackward: return "BACKWARD";
-    case IterationState::kReduced: return "REDUCED";
-    case IterationState::kGathering: return "GATHERING";
-  }
-  return "?";
-}
-
-const char* to_string(BucketState state) {
-  switch (state) {
-    case BucketState::kFilling: return "FILLING";
-    case BucketState::kReducing: return "REDUCING";
-    case BucketState::kReduced: return "REDUCED";
-    case BucketState::kGathering: return "GATHERING";
-    case BucketState::kCurrent: return "CURRENT";
-  }
-  return "?";
-}
-
-// A bucket's buffers (engine/buffers.h) and where it stands in the iteration.
+// A bucket's buffers (engine/buffers.h) and its collective in flight.
 struct Engine::Bucket : BucketBuffers {
-  BucketState state = BucketState::kCurrent;
-  int64_t ready = 0;  // parameters overlapping it whose gradient arrived this backward
   std::unique_ptr<PendingCollective> pending;
   int64_t launched_ns = -1;  // timeline: when `pending` was launched
   std::shared_ptr<const Stamp> launch_stamp;  // link meter: the same, on the backend's clock
@@ -75,16 +52,13 @@ Engine::Engine(BucketLayout layout,
       names_(std::move(names)),
       backend_(std::move(backend)),
       options_(options),
-      policy_(std::move(policy)),
-      grad_ready_(params_.size(), false),
       arrived_(params_.size()),
       packed_(params_.size(), false),
-      unreduced_buckets_(params_.size(), 0),
       grad_views_(params_.size()) {
   TORCH_CHECK_VALUE(backend_, "dearcomm: no communication backend");
-  TORCH_CHECK_VALUE(policy_, "dearcomm: no schedule policy");
-  reduction_ = policy_->reduction();
-  update_ = make_update(policy_->update_strategy(), reduction_);  // raises if the reduction cannot feed it
+  TORCH_CHECK_VALUE(policy, "dearcomm: no schedule policy");
+  reduction_ = policy->reduction();
+  update_ = make_update(policy->update_strategy(), reduction_);  // raises if the reduction cannot feed it
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
       params_.size(), " parameters and ", names_.size(), " names");
@@ -109,7 +83,6 @@ Engine::Engine(BucketLayout layout,
     Bucket& bucket = buckets_[b];
     auto range = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, spec.buffer_offset, spec.padded_numel) : t; };
     bucket.grads = range(flat.grads);
-    bucket_bytes_.push_back(bucket.grads.nbytes());
     bucket.gathered_comm = range(flat.gathered_comm);
     bucket.gathered = range(flat.gathered);
     bucket.params = range(flat.params);
@@ -118,10 +91,13 @@ Engine::Engine(BucketLayout layout,
     }
     update_->allocate(bucket, spec, rank);
   }
-  if (policy_->uses_link_model()) {
+  if (policy->uses_link_model()) {
     link_meter_ = std::make_unique<LinkMeter>(static_cast<int64_t>(buckets_.size()));
     backend_->time_collectives();
   }
+  core::Device& device = *this;  // a private base: converted here, where it is accessible
+  core_ = std::make_unique<core::Executor>(core_layout(layout_, options_.comm_dtype), names_, std::move(policy),
+                                           device, backend_->rank());
 }
 
 void Engine::allocate_flat_buffers() {
@@ -161,10 +137,6 @@ const Engine::Flat& Engine::flat_of(int64_t param) const {
 
 Engine::~Engine() = default;
 
-UpdateStrategy Engine::update_strategy() const {
-  return update_->kind();
-}
-
 void Engine::trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,
                         int64_t wait_begin_ns) {
   if (tracing_ && launched_ns >= 0) {
@@ -186,11 +158,6 @@ double Engine::pre_divide(int64_t b) const {
   // fp16 overflows at 65504: summing p gradients could pass it, so divide by p
   // first. bf16 and fp32 have fp32's range: divide once, after the sum.
   return comm_dtype(b) == at::kHalf ? 1.0 / backend_->world_size() : 1.0;
-}
-
-BucketState Engine::bucket_state(int64_t bucket) const {
-  check_bucket_index(bucket);
-  return buckets_[bucket].state;
 }
 
 at::Tensor Engine::param_view(const at::Tensor& flat, int64_t param) const {
@@ -227,41 +194,26 @@ void Engine::fail_collective(const char* what, int64_t bucket, const std::except
 // ---- backward ------------------------------------------------------------
 
 void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
-  TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
-      "dearcomm: parameter index ", param, " out of range");
-  if (state_ == IterationState::kGathering) {
-    flush();  // every pending all-gather goes out before this backward's first reduction
+  incoming_ = grad;  // accept_grad takes it, once the executor has checked the event
+  struct Drop {
+    at::Tensor& t;
+    ~Drop() { t = at::Tensor(); }
+  } drop{incoming_};
+  core_->grad_ready(param);
+}
+
+std::vector<int64_t> Engine::begin_backward() {
+  if (link_meter_) {
+    adopt_link_agreements(kLinkAgreementLag - 1);  // first: if it fails, no backward has begun
+    link_meter_->begin_backward();
   }
-  // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
-  TORCH_CHECK(state_ != IterationState::kReduced,
-      "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
-      "call optimizer.step() after every backward");
-  TORCH_CHECK(state_ == IterationState::kIdle || state_ == IterationState::kBackward,
-      "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state_),
-      "; backward must not run inside optimizer.step()");
-  if (state_ == IterationState::kIdle) {
-    std::fill(grad_ready_.begin(), grad_ready_.end(), false);
-    std::fill(packed_.begin(), packed_.end(), false);
-    for (size_t p = 0; p < params_.size(); ++p) {
-      unreduced_buckets_[p] = layout_.params[p].last_bucket - layout_.params[p].bucket + 1;
-    }
-    for (Bucket& bucket : buckets_) {
-      bucket.ready = 0;
-      bucket.state = BucketState::kFilling;
-    }
-    if (link_meter_) {
-      adopt_link_agreements(kLinkAgreementLag - 1);  // first: if it fails, no backward has begun
-      link_meter_->begin_backward();
-    }
-    next_eligible_ = 0;
-    backward_ended_ = false;
-    packed_params_ = 0;
-    state_ = IterationState::kBackward;
-    policy_->begin_iteration(bucket_bytes_, link_model_);
-  }
-  TORCH_CHECK(!grad_ready_[param],
-      "dearcomm: parameter '", names_[param], "' got a second gradient before optimizer.step(); "
-      "call optimizer.step() after every backward");
+  std::fill(packed_.begin(), packed_.end(), false);
+  packed_params_ = 0;
+  return link_model_;
+}
+
+void Engine::accept_grad(int64_t param) {
+  const at::Tensor& grad = incoming_;
   TORCH_CHECK_VALUE(grad.layout() == at::kStrided,
       "dearcomm: parameter '", names_[param], "' got a sparse gradient; sparse gradients are not supported "
       "(use nn.Embedding(sparse=False))");
@@ -278,59 +230,36 @@ void Engine::mark_grad_ready(int64_t param, const at::Tensor& grad) {
   TORCH_CHECK_VALUE(grad.sizes() == params_[param].sizes(),
       "dearcomm: the gradient of '", names_[param], "' has shape ", grad.sizes(),
       " but the parameter has shape ", params_[param].sizes());
-
-  const ParamSlot& slot = layout_.params[param];
   arrived_[param] = grad;
-  grad_ready_[param] = true;
-  for (int64_t b = slot.bucket; b <= slot.last_bucket; ++b) {
-    buckets_[b].ready += 1;
-  }
+}
 
-  // Buckets become eligible in descending order on every rank, whatever order
-  // the gradients arrive in: the policy sees the same events everywhere.
-  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  while (next_eligible_ < num_buckets) {
-    const int64_t b = num_buckets - 1 - next_eligible_;
-    if (buckets_[b].ready < layout_.buckets[b].num_params) {
-      break;
-    }
-    next_eligible_ += 1;
-    if (link_meter_) {
-      link_meter_->tick(backend_->stamp());
-    }
-    issue(policy_->on_eligible(b));
+void Engine::eligible(int64_t /*bucket*/) {
+  if (link_meter_) {
+    link_meter_->tick(backend_->stamp());
   }
 }
 
-void Engine::issue(const std::vector<Op>& ops) {
-  for (const Op& op : ops) {
-    check_bucket_index(op.bucket);
-    if (op.kind == Collective::kAllGather) {
-      TORCH_CHECK(!update_->averages_to_grad() && buckets_[op.bucket].state == BucketState::kReduced,
-          "dearcomm: the schedule policy all-gathers bucket ", op.bucket, " in bucket state ",
-          to_string(buckets_[op.bucket].state));
-      start_gather(op.bucket);
-    } else {
-      TORCH_CHECK(op.kind == reduction_ && buckets_[op.bucket].state == BucketState::kFilling &&
-                      buckets_[op.bucket].ready == layout_.buckets[op.bucket].num_params,
-          "dearcomm: the schedule policy issues ", to_string(op.kind), " of bucket ", op.bucket,
-          " in bucket state ", to_string(buckets_[op.bucket].state), " (its reduction is ", to_string(reduction_),
-          " once every gradient of the bucket arrived)");
-      start_reduction(op.bucket);
-    }
+void Engine::issue(const Op& op) {
+  if (op.kind == Collective::kAllGather) {
+    start_gather(op.bucket);
+  } else {
+    start_reduction(op.bucket);
+  }
+}
+
+void Engine::wait(const Op& op) {
+  if (op.kind == Collective::kAllGather) {
+    finish_gather(op.bucket);
+  } else {
+    finish_reduction(op.bucket);
   }
 }
 
 void Engine::end_backward() {
-  if (state_ != IterationState::kBackward || backward_ended_) {
-    return;
-  }
-  check_backward_complete();
-  backward_ended_ = true;
-  issue(policy_->at_end_of_backward());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    TORCH_CHECK(buckets_[b].pending, "dearcomm: the schedule policy never issued the reduction of bucket ", b);
-  }
+  core_->end_backward();
+}
+
+void Engine::reductions_issued() {
   if (link_meter_) {
     start_link_agreement();
   }
@@ -342,10 +271,10 @@ void Engine::start_link_agreement() {
 }
 
 void Engine::pin_link_model(std::vector<int64_t> drained) {
-  TORCH_CHECK_VALUE(policy_->uses_link_model(), "dearcomm: this schedule has no credit and no link model");
+  TORCH_CHECK_VALUE(core_->policy().uses_link_model(), "dearcomm: this schedule has no credit and no link model");
   TORCH_CHECK_VALUE(drained.size() == buckets_.size(), "dearcomm: a link model has one entry per bucket (",
       buckets_.size(), "), got ", drained.size());
-  TORCH_CHECK(state_ != IterationState::kBackward, "dearcomm: the link model cannot change during a backward");
+  TORCH_CHECK(state() != IterationState::kBackward, "dearcomm: the link model cannot change during a backward");
   for (int64_t bytes : drained) {
     TORCH_CHECK_VALUE(bytes >= 0, "dearcomm: a link model drains >= 0 bytes per tick, got ", bytes);
   }
@@ -382,36 +311,11 @@ void Engine::settle(LinkAgreement& agreement) {
 }
 
 std::vector<int64_t> Engine::missing_grads() const {
-  std::vector<int64_t> missing;
-  if (state_ == IterationState::kBackward) {
-    for (size_t p = 0; p < params_.size(); ++p) {
-      if (!grad_ready_[p]) {
-        missing.push_back(static_cast<int64_t>(p));
-      }
-    }
-  }
-  return missing;
+  return core_->missing_grads();
 }
 
 void Engine::check_backward_complete() const {
-  if (state_ != IterationState::kBackward) {
-    return;
-  }
-  std::ostringstream missing;
-  int64_t count = 0;
-  for (size_t p = 0; p < params_.size(); ++p) {
-    if (!grad_ready_[p]) {
-      if (count < 8) {
-        missing << (count ? ", " : "") << "'" << names_[p] << "'";
-      }
-      count += 1;
-    }
-  }
-  TORCH_CHECK_VALUE(count == 0,
-      "dearcomm: [rank ", backend_->rank(), "] ", count, " parameter(s) got no gradient in this backward: ",
-      missing.str(), (count > 8 ? ", ..." : ""),
-      ". Every parameter that requires grad must take part in the loss (freeze unused ones with "
-      "requires_grad_(False) before wrap)");
+  core_->check_backward_complete();
 }
 
 void Engine::start_reduction(int64_t b) {
@@ -458,26 +362,9 @@ void Engine::start_reduction(int64_t b) {
     DEARCOMM_RANGE("all_reduce", b);
     bucket.pending = backend_->all_reduce(bucket.grads);
   }
-  bucket.state = BucketState::kReducing;
 }
 
 // ---- step ----------------------------------------------------------------
-
-void Engine::finish_reductions() {
-  if (state_ == IterationState::kReduced) {
-    return;  // already finished, e.g. by gradient clipping before step()
-  }
-  TORCH_CHECK(state_ != IterationState::kIdle && state_ != IterationState::kGathering,
-      "dearcomm: optimizer.step() called without a backward since the last step");
-  TORCH_CHECK(state_ == IterationState::kBackward,
-      "dearcomm: optimizer.step() called in state ", to_string(state_));
-  end_backward();
-  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  for (int64_t b = num_buckets - 1; b >= 0; --b) {
-    finish_reduction(b);
-  }
-  state_ = IterationState::kReduced;
-}
 
 void Engine::finish_reduction(int64_t b) {
   Bucket& bucket = buckets_[b];
@@ -492,7 +379,7 @@ void Engine::finish_reduction(int64_t b) {
     }
     trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
     if (link_meter_) {
-      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), bucket_bytes_[b]);
+      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), buckets_[b].grads.nbytes());
     }
   }
   bucket.pending.reset();
@@ -509,50 +396,13 @@ void Engine::finish_reduction(int64_t b) {
     if (post_divide != 1.0) {
       bucket.grads.div_(post_divide);
     }
-    if (update_->averages_to_grad()) {
-      copy_grads_to_params(b);
-    }  // else the replicated update reads the averages from the bucket
   }
-  bucket.state = BucketState::kReduced;
 }
 
-void Engine::start_gathers() {
-  const bool in_forward = policy_->reductions_waited() == ReductionsWaited::kInNextForward;
-  const bool reductions_pending = in_forward && state_ == IterationState::kBackward;
-  TORCH_CHECK(state_ == IterationState::kReduced || reductions_pending,
-      "dearcomm: start_gathers() needs finished reductions, state is ", to_string(state_));
-  if (reductions_pending) {
-    end_backward();  // every reduction issued; the forward waits for them bucket by bucket
-  }
-  const std::vector<Op> ops = policy_->at_step(static_cast<int64_t>(buckets_.size()));
-  if (ops.empty() && !in_forward) {
-    mark_all_current();  // the user's optimizer updated full parameters in step()
-    return;
-  }
+void Engine::step_left_pending() {
   if (update_->binds_parameters() && !params_bound_) {
     bind_params_to_gather_buffers();
   }
-  state_ = IterationState::kGathering;
-  // Nothing to gather (the reductions are what the forward waits for): no gather is missing.
-  next_gather_ = ops.empty() ? static_cast<int64_t>(buckets_.size()) : 0;
-  updated_.assign(params_.size(), false);
-  // Issued here, at the same point of the program on every rank, a hook only
-  // waits (see schedule/dear.cpp). The backends run them in issue order (one
-  // NCCL stream; gloo sends in posting order per pair).
-  issue(ops);
-}
-
-void Engine::skip_step() {
-  TORCH_CHECK(state_ == IterationState::kReduced,
-      "dearcomm: a step can be skipped only after the reductions finished, state is ", to_string(state_));
-  mark_all_current();  // nothing was updated, so the parameters are still current
-}
-
-void Engine::mark_all_current() {
-  for (Bucket& bucket : buckets_) {
-    bucket.state = BucketState::kCurrent;
-  }
-  state_ = IterationState::kIdle;
 }
 
 void Engine::bind_params_to_gather_buffers() {
@@ -564,15 +414,11 @@ void Engine::bind_params_to_gather_buffers() {
   params_bound_ = true;
 }
 
-void Engine::copy_grads_to_params(int64_t b) {
-  // A parameter is unpacked whole once the last of its buckets is averaged.
-  const BucketSpec& spec = layout_.buckets[b];
+void Engine::averages_to_grad(int64_t b, const std::vector<int64_t>& params) {
+  // A parameter is unpacked whole, once the last of its buckets is averaged.
   std::vector<at::Tensor> grads;
   std::vector<int64_t> offsets;
-  for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-    if (--unreduced_buckets_[p] > 0) {
-      continue;
-    }
+  for (int64_t p : params) {
     at::Tensor& grad = params_[p].mutable_grad();
     if (is_grad_view(p, grad)) {
       continue;  // averaged in place
@@ -585,7 +431,7 @@ void Engine::copy_grads_to_params(int64_t b) {
   }
   if (!grads.empty()) {
     DEARCOMM_RANGE("unpack", b);
-    backend_->unpack(flats_[spec.buffer].grads, offsets, grads);
+    backend_->unpack(flats_[layout_.buckets[b].buffer].grads, offsets, grads);
   }
 }
 
@@ -598,7 +444,7 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
   }
   // In kBackward the reductions launched so far may still read the buckets
   // (complete backwards finish them at their end, so this is one that raised).
-  const bool buckets_in_use = state_ == IterationState::kBackward;
+  const bool buckets_in_use = state() == IterationState::kBackward;
   std::vector<int64_t> not_views;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
@@ -650,8 +496,6 @@ void Engine::start_gather(int64_t b) {
   const auto [input, output] = update_->gather(bucket);
   bucket.launched_ns = tracing_ ? now_ns() : -1;  // before the launch, as start_reduction's
   bucket.pending = backend_->all_gather(input, output);
-  bucket.state = BucketState::kGathering;
-  next_gather_ = b + 1;
 }
 
 void Engine::finish_gather(int64_t b) {
@@ -667,87 +511,25 @@ void Engine::finish_gather(int64_t b) {
     trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
   }
   bucket.pending.reset();
-  apply_averages(b);
 }
 
-void Engine::apply_averages(int64_t b) {
-  Bucket& bucket = buckets_[b];
-  update_->averages_in(bucket);
-  bucket.state = BucketState::kCurrent;
-  if (update_->updates_per_parameter() && update_fn_) {
-    // A parameter is updated once every bucket holding part of it is gathered.
-    std::vector<int64_t> ready;
-    const BucketSpec& spec = layout_.buckets[b];
-    for (int64_t p = spec.first_param; p < spec.first_param + spec.num_params; ++p) {
-      const ParamSlot& slot = layout_.params[p];
-      bool gathered = !updated_[p];
-      for (int64_t other = slot.bucket; gathered && other <= slot.last_bucket; ++other) {
-        gathered = buckets_[other].state == BucketState::kCurrent;
-      }
-      if (gathered) {
-        updated_[p] = true;
-        ready.push_back(p);
-      }
-    }
-    if (!ready.empty()) {
-      DEARCOMM_RANGE("update", b);
-      update_fn_(ready);  // reads the averaged gradients from averaged_grad(p)
-    }
+void Engine::averages_in(int64_t b) {
+  update_->averages_in(buckets_[b]);
+}
+
+void Engine::update(int64_t b, const std::vector<int64_t>& params) {
+  if (update_fn_) {
+    DEARCOMM_RANGE("update", b);
+    update_fn_(params);  // reads the averaged gradients from averaged_grad(p)
   }
 }
 
-void Engine::require_bucket(int64_t b) {
-  if (state_ != IterationState::kGathering) {
-    return;
-  }
-  check_bucket_index(b);
-  if (next_gather_ <= b) {
-    prefetch_misses_ += 1;  // not issued yet: start_gathers() issues every bucket, so this is a bug
-  }
-  while (next_gather_ <= b) {
-    start_gather(next_gather_);
-  }
-  make_current(b);
-  for (const Bucket& bucket : buckets_) {
-    if (bucket.state != BucketState::kCurrent) {
-      return;
-    }
-  }
-  state_ = IterationState::kIdle;
-}
-
-void Engine::flush() {
-  if (link_meter_) {
-    // sync() and eval leave nothing in flight, but adopt nothing: they may run
-    // on one rank only (a rank-0 checkpoint), and the model a backward gets
-    // must depend on the backward's number alone.
-    for (LinkAgreement& agreement : link_agreements_) {
-      settle(agreement);
-    }
-  }
-  if (state_ != IterationState::kGathering) {
-    return;
-  }
-  const int64_t num_buckets = static_cast<int64_t>(buckets_.size());
-  while (next_gather_ < num_buckets) {
-    start_gather(next_gather_);
-  }
-  for (int64_t b = 0; b < num_buckets; ++b) {
-    make_current(b);
-  }
-  state_ = IterationState::kIdle;
-}
-
-void Engine::make_current(int64_t b) {
-  BucketState state = buckets_[b].state;
-  if (state == BucketState::kReducing) {  // a reduction left running by step() (kInNextForward)
-    finish_reduction(b);
-    state = buckets_[b].state;
-  }
-  if (state == BucketState::kGathering) {
-    finish_gather(b);
-  } else if (state == BucketState::kReduced) {
-    apply_averages(b);
+void Engine::settle() {
+  // sync() and eval leave nothing in flight, but adopt nothing: they may run
+  // on one rank only (a rank-0 checkpoint), and the model a backward gets
+  // must depend on the backward's number alone.
+  for (LinkAgreement& agreement : link_agreements_) {
+    settle(agreement);
   }
 }
 
@@ -761,7 +543,7 @@ at::Tensor Engine::grad_shard(int64_t b) const {
 at::Tensor Engine::averaged_grad(int64_t param) const {
   TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
       "dearcomm: parameter index ", param, " out of range");
-  TORCH_CHECK(update_->updates_per_parameter(),
+  TORCH_CHECK(core_->timing().update_when_current,
       "dearcomm: averaged gradients outside .grad exist only with update='replicated' of schedule='dear'");
   return param_view(flat_of(param).gathered, param);
 }
@@ -774,8 +556,8 @@ at::Tensor Engine::master_shard(int64_t b) const {
 
 void Engine::reload_master_shards() {
   TORCH_CHECK(update_->binds_parameters(), "dearcomm: master shards exist only with update='sharded'");
-  TORCH_CHECK(state_ == IterationState::kIdle,
-      "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state_));
+  TORCH_CHECK(state() == IterationState::kIdle,
+      "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state()));
   const int64_t rank = backend_->rank();
   if (!params_bound_) {
     for (size_t p = 0; p < params_.size(); ++p) {

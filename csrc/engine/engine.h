@@ -1,39 +1,22 @@
-// The executor: fused buckets of gradients and the collectives a schedule
-// policy (schedule/policy.h) asks for, issued in the order it asks.
+// The real device: fused buckets of gradients in flat buffers, moved by a
+// CommBackend (gloo through c10d on the CPU, NCCL on GPUs), driven by the
+// executor (core/executor.h), which makes every decision of an iteration.
 //
-// Device-agnostic: all communication goes through a CommBackend, all data
-// movement through ATen ops, so the CPU (gloo) and NCCL paths share this file.
+// The executor says which collective runs on which bucket and when, what is
+// waited for and when a parameter is updated; this file owns the buffers
+// (flat per dtype, .grad views, master shards: update/update.h says which
+// exist), packs, launches, waits, averages and unpacks, and traces. The CPU
+// and NCCL paths share it: they differ only behind CommBackend.
 //
-// One iteration, schedule "dear" (buckets are numbered in forward order):
-//
-//   backward   grads ready, last layers first -> RS(bucket B-1) ... RS(bucket 0)
-//   step()     wait every RS, average; sharded: optimizer on the 1/p shard;
-//              then AG(0), AG(1), ..., AG(B-1) issued, running in that order
-//   forward    module of bucket b starts -> wait AG(b) [replicated: update b]
-//
-// Schedule "wfbp" (DDP/Horovod): AR(bucket) during backward, wait all when
-// backward returns, the user's optimizer updates full parameters in step(),
-// nothing in forward.
-//
-// Schedule "bytescheduler": AR(bucket) as a priority queue under a credit on
-// bytes in flight releases them during backward (the rest when it ends, input
-// side first; in flight per the link model every rank agrees on, link_meter.h);
-// step() waits for nothing; forward: module of bucket b -> wait AR(b), update
-// the parameters all of whose buckets are reduced. (schedule/*.cpp say what
-// each schedule decides.)
-//
-// The policy decides which collective runs on which bucket, and when; the
-// engine owns the buffers, ready counts, backend calls, waits and tracing. It
-// feeds the policy rank-independent events only (a bucket becomes eligible
-// once it and every later bucket are complete), so every rank launches the
-// same collectives in the same order; every pending all-gather is issued and
-// finished before the next backward's first reduction.
 // Single-threaded by contract: hooks and step() run on the training thread.
 #pragma once
 
 #include "bucket_layout.h"
 #include "buffers.h"
 #include "comm_backend.h"
+#include "core/device.h"
+#include "core/executor.h"
+#include "core/states.h"
 #include "link_meter.h"
 #include "schedule/policy.h"
 
@@ -50,14 +33,6 @@ namespace dearcomm {
 
 class Update;
 
-// Where the iteration stands. Changed only by the transition methods below.
-enum class IterationState {
-  kIdle,       // parameters current, nothing in flight; next: backward
-  kBackward,   // gradients arriving, reductions launched in bucket order
-  kReduced,    // every reduction finished and averaged; the optimizer may run
-  kGathering,  // all-gathers (bytescheduler: reductions) pending, consumed by the next forward's hooks
-};
-
 // One collective on the timeline (steady_clock ns; -1 where unknown).
 struct TraceEvent {
   std::string kind;  // "reduce_scatter", "all_gather", "all_reduce"
@@ -67,17 +42,6 @@ struct TraceEvent {
   int64_t wait_begin_ns;  // the engine started waiting for it
   int64_t wait_end_ns;    // ... and was done (results usable)
 };
-
-enum class BucketState {
-  kFilling,    // waiting for gradients of its parameters
-  kReducing,   // reduce-scatter / all-reduce in flight
-  kReduced,    // averaged gradient (shard) ready
-  kGathering,  // all-gather in flight
-  kCurrent,    // parameters up to date
-};
-
-const char* to_string(IterationState state);
-const char* to_string(BucketState state);
 
 struct EngineOptions {
   // Gradients travel in this dtype (e.g. bf16); Undefined: the parameters'.
@@ -89,7 +53,7 @@ struct EngineOptions {
   bool grad_views = true;
 };
 
-class Engine {
+class Engine final : private core::Device {
  public:
   // `params` and `names` are in forward order, as given to plan_buckets.
   Engine(BucketLayout layout,
@@ -108,15 +72,15 @@ class Engine {
   std::vector<int64_t> missing_grads() const;
   // Raises, naming them, if some parameters got no gradient in this backward.
   void check_backward_complete() const;
-  // Backward is over: checks it is complete and issues the ops the policy
-  // held back until then. Idempotent; finish_reductions() calls it too.
+  // Backward is over: checks it is complete, issues the ops the policy held
+  // back, and waits for the reductions where the policy says so (wfbp: .grad
+  // holds averages when backward returns) or where they read .grad's memory,
+  // which the user's code may write next. Idempotent.
   void end_backward();
-  // The policy's answer. kWhenBackwardReturns: the runtime waits for them
-  // then (it also does so where .grad views are what they read);
-  // kInNextForward: step() leaves them running and the next forward waits for
-  // them bucket by bucket (require_bucket).
-  ReductionsWaited reductions_waited() const { return policy_->reductions_waited(); }
-  UpdateStrategy update_strategy() const;
+  // The policy's answer (kInNextForward: step() leaves them running and the
+  // next forward waits for them bucket by bucket).
+  ReductionsWaited reductions_waited() const { return core_->policy().reductions_waited(); }
+  UpdateStrategy update_strategy() const { return core_->policy().update_strategy(); }
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
   int64_t packed_params() const { return packed_params_; }
@@ -141,27 +105,29 @@ class Engine {
   std::vector<int64_t> zero_grads(const std::vector<int64_t>& params, bool set_to_none);
 
   // ---- step ------------------------------------------------------------
-  // Waits for every reduction and averages. All-reduced buckets: the averaged
+  // Waits for every reduction and averages (clipping and GradScaler need
+  // them). All-reduced buckets with full_after_reduction: the averaged
   // gradients are copied into each parameter's .grad for the user's optimizer.
-  // Idempotent within a step (gradient clipping finishes the reductions early).
-  void finish_reductions();
-  // Issues the policy's step ops (dear: every all-gather, in bucket order); the
-  // next forward's hooks wait for them bucket by bucket. The first call in
-  // sharded mode makes parameters views into the gathered buffers. No ops
-  // (wfbp): nothing to gather, back to kIdle. With reductions waited
-  // kInNextForward (bytescheduler) it may come before finish_reductions(): the reductions are
-  // then what the next forward waits for.
-  void start_gathers();
+  // Idempotent within a step.
+  void finish_reductions() { core_->finish_reductions(); }
+  // optimizer.step() begins: waits for the reductions unless the schedule
+  // leaves them to the next forward and nothing else needs the averages.
+  void begin_step(bool averages_needed) { core_->begin_step(averages_needed); }
+  // optimizer.step() ends, after the update: issues the policy's step ops
+  // (dear: every all-gather, in bucket order), which the next forward's hooks
+  // wait for bucket by bucket; none (wfbp): back to kIdle. The first one with
+  // sharded_at_step makes parameters views into the gathered buffers.
+  void end_step() { core_->end_step(); }
   // Ends a step whose update is skipped (a GradScaler found inf/NaN on every
   // rank): nothing to gather, back to kIdle with the parameters unchanged.
-  void skip_step();
+  void skip_step() { core_->skip_step(); }
 
   // ---- forward ---------------------------------------------------------
   // Makes bucket `bucket` current: waits for its all-gather and applies its
   // update (replicated). Other buckets keep gathering meanwhile.
-  void require_bucket(int64_t bucket);
+  void require_bucket(int64_t bucket) { core_->require_bucket(bucket); }
   // Completes every pending all-gather and update (eval, state_dict, sync()).
-  void flush();
+  void flush() { core_->flush(); }
 
   // ---- sharded update --------------------------------------------------
   // This rank's part of the bucket's averaged gradient, as the update reads
@@ -183,16 +149,19 @@ class Engine {
   void set_update_fn(UpdateFn fn) { update_fn_ = std::move(fn); }
 
   // Buckets a forward needed before their all-gather was issued (stays 0:
-  // start_gathers() issues them all; tests check it).
-  int64_t prefetch_misses() const { return prefetch_misses_; }
+  // end_step() issues them all; tests check it).
+  int64_t prefetch_misses() const { return core_->prefetch_misses(); }
 
   // Timeline: off by default; when on, every collective leaves a TraceEvent.
   void set_tracing(bool on) { tracing_ = on; }
   std::vector<TraceEvent> take_trace();
 
   const BucketLayout& layout() const { return layout_; }
-  IterationState state() const { return state_; }
-  BucketState bucket_state(int64_t bucket) const;
+  IterationState state() const { return core_->state(); }
+  BucketState bucket_state(int64_t bucket) const { return core_->bucket_state(bucket); }
+  // The executor's state changes, in order (core/states.h); off by default.
+  void set_recording(bool on) { core_->machine().set_recording(on); }
+  std::vector<Transition> take_records() { return core_->machine().take_records(); }
   const CommBackend& backend() const { return *backend_; }
   // The link model this backward's policy got (bytes drained before each
   // tick, engine/link_meter.h); empty where there is none.
@@ -206,20 +175,25 @@ class Engine {
   struct Bucket;
   struct Flat;
 
-  void issue(const std::vector<Op>& ops);
+  // ---- core::Device: what the executor has this device do ----------------
+  std::vector<int64_t> begin_backward() override;
+  void accept_grad(int64_t param) override;
+  void eligible(int64_t bucket) override;
+  void reductions_issued() override;
+  bool reductions_read_user_memory() const override { return uses_grad_views(); }
+  void issue(const Op& op) override;
+  void wait(const Op& op) override;
+  void averages_to_grad(int64_t bucket, const std::vector<int64_t>& params) override;
+  void averages_in(int64_t bucket) override;
+  void update(int64_t bucket, const std::vector<int64_t>& params) override;
+  void step_left_pending() override;
+  void settle() override;
+
   void start_reduction(int64_t bucket);
   void finish_reduction(int64_t bucket);
   void start_gather(int64_t bucket);
   void finish_gather(int64_t bucket);
-  // The bucket's averages are here (gathered, or all-reduced): to the
-  // parameters' dtype, and the replicated update of every parameter whose
-  // buckets are all current.
-  void apply_averages(int64_t bucket);
-  // Whatever the bucket still waits for (reduction, gather), then apply_averages.
-  void make_current(int64_t bucket);
   void bind_params_to_gather_buffers();
-  void mark_all_current();
-  void copy_grads_to_params(int64_t bucket);
   void allocate_flat_buffers();
   const Flat& flat_of(int64_t param) const;
   at::Tensor param_view(const at::Tensor& flat, int64_t param) const;
@@ -234,28 +208,19 @@ class Engine {
   std::vector<std::string> names_;
   std::shared_ptr<CommBackend> backend_;
   EngineOptions options_;
-  std::unique_ptr<SchedulePolicy> policy_;
   Collective reduction_;            // the policy's, fixed: buffers are allocated for it
-  std::unique_ptr<Update> update_;  // the policy's update strategy (update/update.h); likewise
+  std::unique_ptr<Update> update_;  // the policy's update strategy's buffers (update/update.h); likewise
   UpdateFn update_fn_;
-  std::vector<bool> updated_;  // replicated: per parameter, this step's update ran
 
   std::vector<Flat> flats_;      // per flat buffer (one per dtype)
   std::vector<Bucket> buckets_;
   // Per parameter, this backward:
-  std::vector<bool> grad_ready_;             // its gradient arrived
-  std::vector<at::Tensor> arrived_;          // that gradient, until packed
+  at::Tensor incoming_;                      // the gradient mark_grad_ready is handing over
+  std::vector<at::Tensor> arrived_;          // a gradient that arrived, until packed
   std::vector<bool> packed_;                 // in its bucket (packed, or accumulated there)
-  std::vector<int64_t> unreduced_buckets_;   // its buckets whose reduction did not finish yet
   std::vector<at::Tensor> grad_views_;       // per parameter; undefined where impossible
-  IterationState state_ = IterationState::kIdle;
-  int64_t next_eligible_ = 0;     // eligibility order is B-1, B-2, ..., 0: counts eligible buckets
-  bool backward_ended_ = false;   // end_backward() ran in this backward
-  int64_t next_gather_ = 0;       // launch order is 0, 1, ..., B-1
   bool params_bound_ = false;
-  int64_t prefetch_misses_ = 0;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
-  std::vector<int64_t> bucket_bytes_;  // per bucket, in its communication dtype: what the policy weighs
   // Policies that queue under a credit (uses_link_model): the meter, the sums
   // of its figures (one started at the end of each backward) and the agreed
   // model. The sum started at the end of backward i is adopted when backward
@@ -275,6 +240,7 @@ class Engine {
   void start_link_agreement();
   void adopt_link_agreements(size_t keep);
   void settle(LinkAgreement& agreement);
+  std::unique_ptr<core::Executor> core_;  // last: built once the buffers exist
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

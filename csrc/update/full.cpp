@@ -11,7 +11,6 @@ class FullUpdate final : public Update {
  public:
   UpdateStrategy kind() const override { return UpdateStrategy::kFullAfterReduction; }
 
-  bool averages_to_grad() const override { return true; }
 
   std::pair<at::Tensor, at::Tensor> gather(BucketBuffers& /*bucket*/) const override {
     TORCH_CHECK(false, "dearcomm: nothing is all-gathered with update strategy ", to_string(kind()));

@@ -36,8 +36,6 @@ class ReplicatedUpdate final : public Update {
     }
   }
 
-  bool updates_per_parameter() const override { return true; }
-
   // All-reduced: the whole bucket, the same on every rank.
   at::Tensor shard_for_optimizer(const BucketBuffers& bucket) const override {
     return all_reduced_ ? bucket.grads : bucket.grad_shard;

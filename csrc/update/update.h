@@ -1,7 +1,8 @@
-// How the parameters get their update: one class per UpdateStrategy, so the
-// engine never branches on the strategy. Each says which buffers it needs
+// The buffers of an update strategy: one class per UpdateStrategy, so the
+// device never branches on the strategy. Each says which buffers it needs
 // beside the gradients, what the all-gather carries, and where a bucket's
-// averages go. This is the C++ half; dearcomm/_update/ runs the optimizer.
+// averages go. *When* it acts is the executor's (core/update_timing.h);
+// dearcomm/_update/ runs the optimizer.
 //
 //   sharded_at_step         (dear, update="sharded"): the optimizer updates
 //       this rank's fp32 master shard in step(); the all-gather carries
@@ -39,8 +40,6 @@ class Update {
   virtual void allocate(BucketBuffers& /*bucket*/, const BucketSpec& /*spec*/, int64_t /*rank*/) const {}
 
   // ---- an iteration -------------------------------------------------------
-  // Averages of an all-reduced bucket go to .grad for the user's optimizer.
-  virtual bool averages_to_grad() const { return false; }
   // start_gathers() makes the parameters views into the gathered buffers.
   virtual bool binds_parameters() const { return false; }
   // The all-gather's (input, output); refreshes the input first if needed.
@@ -48,8 +47,6 @@ class Update {
   // The bucket's averages are in (gathered, or all-reduced): to the
   // parameters' dtype where they are read from.
   virtual void averages_in(BucketBuffers& /*bucket*/) const {}
-  // Each parameter is updated (Engine::set_update_fn) once all its buckets are in.
-  virtual bool updates_per_parameter() const { return false; }
   // What the optimizer reads for this bucket: see Engine::grad_shard.
   virtual at::Tensor shard_for_optimizer(const BucketBuffers& bucket) const = 0;
 };

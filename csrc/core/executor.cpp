@@ -1,0 +1,293 @@
+#include "core/executor.h"
+
+#include "core/check.h"
+
+#include <stdexcept>
+
+namespace dearcomm::core {
+
+Executor::Executor(Layout layout, std::vector<std::string> names, std::unique_ptr<SchedulePolicy> policy,
+                   Device& device, int rank)
+    : layout_((layout.check(), std::move(layout))),
+      names_(std::move(names)),
+      policy_(std::move(policy)),
+      device_(device),
+      rank_(rank),
+      reduction_(policy_ ? policy_->reduction() : Collective::kAllReduce),
+      timing_(policy_ ? update_timing(policy_->update_strategy()) : UpdateTiming{}),
+      machine_(layout_.num_buckets()),
+      grad_ready_(layout_.params.size(), false),
+      ready_(layout_.buckets.size(), 0),
+      reduced_(layout_),
+      current_(layout_) {
+  DEARCOMM_CORE_CHECK(policy_, std::invalid_argument, "dearcomm: no schedule policy");
+  DEARCOMM_CORE_CHECK(names_.size() == layout_.params.size(), std::invalid_argument, "dearcomm: ", names_.size(),
+                      " names for ", layout_.params.size(), " parameters");
+  DEARCOMM_CORE_CHECK(reduction_ == Collective::kReduceScatter || reduction_ == Collective::kAllReduce,
+                      std::invalid_argument, "dearcomm: a schedule policy reduces with ", to_string(reduction_));
+  for (const Layout::Bucket& bucket : layout_.buckets) {
+    bucket_bytes_.push_back(bucket.bytes);
+  }
+}
+
+BucketState Executor::bucket_state(int64_t bucket) const {
+  check_bucket_index(bucket);
+  return machine_.bucket(bucket);
+}
+
+void Executor::check_bucket_index(int64_t bucket) const {
+  DEARCOMM_CORE_CHECK(bucket >= 0 && bucket < layout_.num_buckets(), std::out_of_range, "dearcomm: bucket ", bucket,
+                      " out of range [0, ", layout_.num_buckets(), ")");
+}
+
+// ---- backward ------------------------------------------------------------
+
+void Executor::grad_ready(int64_t param) {
+  DEARCOMM_CORE_CHECK(param >= 0 && param < layout_.num_params(), std::out_of_range, "dearcomm: parameter index ",
+                      param, " out of range");
+  if (state() == IterationState::kGathering) {
+    flush();  // every pending gather goes out before this backward's first reduction
+  }
+  // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
+  DEARCOMM_CORE_CHECK(state() != IterationState::kReduced, std::runtime_error, "dearcomm: parameter '",
+                      names_[param], "' got a second gradient before optimizer.step(); call optimizer.step() after "
+                      "every backward");
+  DEARCOMM_CORE_CHECK(state() == IterationState::kIdle || state() == IterationState::kBackward, std::runtime_error,
+                      "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state()),
+                      "; backward must not run inside optimizer.step()");
+  if (state() == IterationState::kIdle) {
+    begin_backward();
+  }
+  DEARCOMM_CORE_CHECK(!grad_ready_[param], std::runtime_error, "dearcomm: parameter '", names_[param],
+                      "' got a second gradient before optimizer.step(); call optimizer.step() after every backward");
+  device_.accept_grad(param);
+  grad_ready_[param] = true;
+  const Layout::Param& span = layout_.params[param];
+  for (int64_t b = span.first_bucket; b <= span.last_bucket; ++b) {
+    ready_[b] += 1;
+  }
+  // Buckets become eligible in descending order on every rank, whatever order
+  // the gradients arrive in: the policy sees the same events everywhere.
+  const int64_t num_buckets = layout_.num_buckets();
+  while (next_eligible_ < num_buckets) {
+    const int64_t b = num_buckets - 1 - next_eligible_;
+    if (ready_[b] < layout_.buckets[b].num_params) {
+      break;
+    }
+    next_eligible_ += 1;
+    device_.eligible(b);
+    issue(policy_->on_eligible(b));
+  }
+}
+
+void Executor::begin_backward() {
+  std::vector<int64_t> link_model = device_.begin_backward();  // first: if it raises, no backward has begun
+  grad_ready_.assign(grad_ready_.size(), false);
+  ready_.assign(ready_.size(), 0);
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    machine_.on(b, BucketAction::kBackwardBegins);
+  }
+  reduced_.reset();
+  next_eligible_ = 0;
+  backward_ended_ = false;
+  machine_.on(IterationEvent::kBackwardBegins);
+  policy_->begin_iteration(bucket_bytes_, link_model);
+}
+
+void Executor::issue(const std::vector<Op>& ops) {
+  for (const Op& op : ops) {
+    check_bucket_index(op.bucket);
+    const BucketState state = machine_.bucket(op.bucket);
+    if (op.kind == Collective::kAllGather) {
+      DEARCOMM_CORE_CHECK(!timing_.averages_to_grad && state == BucketState::kReduced, std::runtime_error,
+                          "dearcomm: the schedule policy all-gathers bucket ", op.bucket, " in bucket state ",
+                          to_string(state));
+      device_.issue(op);
+      machine_.on(op.bucket, BucketAction::kIssueGather);
+      next_gather_ = op.bucket + 1;
+    } else {
+      DEARCOMM_CORE_CHECK(op.kind == reduction_ && state == BucketState::kFilling &&
+                              ready_[op.bucket] == layout_.buckets[op.bucket].num_params,
+                          std::runtime_error, "dearcomm: the schedule policy issues ", to_string(op.kind),
+                          " of bucket ", op.bucket, " in bucket state ", to_string(state), " (its reduction is ",
+                          to_string(reduction_), " once every gradient of the bucket arrived)");
+      device_.issue(op);
+      machine_.on(op.bucket, BucketAction::kIssueReduction);
+    }
+  }
+}
+
+std::vector<int64_t> Executor::missing_grads() const {
+  std::vector<int64_t> missing;
+  if (state() == IterationState::kBackward) {
+    for (int64_t p = 0; p < layout_.num_params(); ++p) {
+      if (!grad_ready_[p]) {
+        missing.push_back(p);
+      }
+    }
+  }
+  return missing;
+}
+
+void Executor::check_backward_complete() const {
+  const std::vector<int64_t> missing = missing_grads();
+  if (missing.empty()) {
+    return;
+  }
+  std::string names;
+  for (size_t i = 0; i < missing.size() && i < 8; ++i) {
+    names += concat(i ? ", " : "", "'", names_[missing[i]], "'");
+  }
+  throw std::invalid_argument(concat(
+      "dearcomm: [rank ", rank_, "] ", missing.size(), " parameter(s) got no gradient in this backward: ", names,
+      (missing.size() > 8 ? ", ..." : ""),
+      ". Every parameter that requires grad must take part in the loss (freeze unused ones with "
+      "requires_grad_(False) before wrap)"));
+}
+
+void Executor::end_backward() {
+  if (state() != IterationState::kBackward || backward_ended_) {
+    return;
+  }
+  check_backward_complete();
+  backward_ended_ = true;
+  issue(policy_->at_end_of_backward());
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    DEARCOMM_CORE_CHECK(machine_.bucket(b) != BucketState::kFilling, std::runtime_error,
+                        "dearcomm: the schedule policy never issued the reduction of bucket ", b);
+  }
+  device_.reductions_issued();
+  if (policy_->reductions_waited() == ReductionsWaited::kWhenBackwardReturns ||
+      device_.reductions_read_user_memory()) {
+    finish_reductions();
+  }
+}
+
+// ---- step ----------------------------------------------------------------
+
+void Executor::finish_reductions() {
+  if (state() == IterationState::kReduced) {
+    return;  // already finished, e.g. by gradient clipping before step()
+  }
+  DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
+                      "dearcomm: optimizer.step() called without a backward since the last step");
+  end_backward();
+  if (state() == IterationState::kReduced) {
+    return;  // end_backward waited for them
+  }
+  for (int64_t b = layout_.num_buckets() - 1; b >= 0; --b) {
+    wait_reduction(b);
+  }
+  machine_.on(IterationEvent::kReductionsWaited);
+}
+
+void Executor::wait_reduction(int64_t b) {
+  device_.wait({reduction_, b});
+  machine_.on(b, BucketAction::kWaitReduction);
+  if (timing_.averages_to_grad) {
+    device_.averages_to_grad(b, reduced_.done(b));
+  }
+}
+
+void Executor::begin_step(bool averages_needed) {
+  DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
+                      "dearcomm: optimizer.step() called without a backward since the last step");
+  if (averages_needed || policy_->reductions_waited() != ReductionsWaited::kInNextForward) {
+    finish_reductions();
+  }
+}
+
+void Executor::end_step() {
+  const bool in_forward = policy_->reductions_waited() == ReductionsWaited::kInNextForward;
+  const bool reductions_pending = in_forward && state() == IterationState::kBackward;
+  DEARCOMM_CORE_CHECK(state() == IterationState::kReduced || reductions_pending, std::runtime_error,
+                      "dearcomm: the step's gathers need finished reductions, state is ", to_string(state()));
+  if (reductions_pending) {
+    end_backward();  // every reduction issued; the forward waits for them bucket by bucket
+  }
+  const std::vector<Op> ops = policy_->at_step(layout_.num_buckets());
+  if (ops.empty() && !in_forward) {
+    for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+      machine_.on(b, BucketAction::kStepDone);  // the user's optimizer updated full parameters in step()
+    }
+    machine_.on(IterationEvent::kStepDone);
+    return;
+  }
+  device_.step_left_pending();
+  machine_.on(IterationEvent::kStepLeftPending);
+  // Nothing to gather (the reductions are what the forward waits for): no gather is missing.
+  next_gather_ = ops.empty() ? layout_.num_buckets() : 0;
+  current_.reset();
+  // Issued here, at the same point of the program on every rank; a hook only
+  // waits (see schedule/dear.cpp). The devices run them in issue order.
+  issue(ops);
+}
+
+void Executor::skip_step() {
+  DEARCOMM_CORE_CHECK(state() == IterationState::kReduced, std::runtime_error,
+                      "dearcomm: a step can be skipped only after the reductions finished, state is ",
+                      to_string(state()));
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    machine_.on(b, BucketAction::kStepDone);  // nothing was updated: the parameters are still current
+  }
+  machine_.on(IterationEvent::kStepDone);
+}
+
+// ---- forward -------------------------------------------------------------
+
+void Executor::require_bucket(int64_t b) {
+  if (state() != IterationState::kGathering) {
+    return;
+  }
+  check_bucket_index(b);
+  if (next_gather_ <= b) {
+    prefetch_misses_ += 1;  // not issued yet: end_step() issues every bucket, so this is a bug
+  }
+  while (next_gather_ <= b) {
+    issue({{Collective::kAllGather, next_gather_}});
+  }
+  make_current(b);
+  if (machine_.all(BucketState::kCurrent)) {
+    machine_.on(IterationEvent::kAllCurrent);
+  }
+}
+
+void Executor::flush() {
+  device_.settle();
+  if (state() != IterationState::kGathering) {
+    return;
+  }
+  while (next_gather_ < layout_.num_buckets()) {
+    issue({{Collective::kAllGather, next_gather_}});
+  }
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    make_current(b);
+  }
+  machine_.on(IterationEvent::kAllCurrent);
+}
+
+void Executor::make_current(int64_t b) {
+  if (machine_.bucket(b) == BucketState::kReducing) {  // a reduction left running by step() (kInNextForward)
+    wait_reduction(b);
+  }
+  if (machine_.bucket(b) == BucketState::kGathering) {
+    device_.wait({Collective::kAllGather, b});
+    machine_.on(b, BucketAction::kWaitGather);
+    apply(b);
+  } else if (machine_.bucket(b) == BucketState::kReduced) {
+    machine_.on(b, BucketAction::kApply);
+    apply(b);
+  }
+}
+
+void Executor::apply(int64_t b) {
+  device_.averages_in(b);
+  if (timing_.update_when_current) {
+    const std::vector<int64_t> params = current_.done(b);
+    if (!params.empty()) {
+      device_.update(b, params);
+    }
+  }
+}
+
+}  // namespace dearcomm::core

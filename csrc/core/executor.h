@@ -1,0 +1,113 @@
+// The executor: every decision of an iteration, in standard C++ only (no
+// tensors, no clock, no backend). Events come in (a gradient arrived, backward
+// ended, step(), a forward needs bucket b, sync()); the schedule policy
+// (schedule/policy.h) turns them into collectives, the update strategy's
+// timing (core/update_timing.h) into updates, and the executor validates each
+// against the state table (core/states.h) and has a Device carry it out.
+// The real device (engine/engine.h) and the simulated one (sim/) run the same
+// executor, so a prediction runs the very code that trains.
+//
+// One iteration, schedule "dear" (buckets numbered in forward order):
+//   backward  gradients arrive, last layers first; bucket b is *eligible* once
+//             it and every later bucket are complete -> RS(B-1) ... RS(0)
+//   step()    wait every RS (averages); the optimizer updates the shards;
+//             then AG(0), AG(1), ..., AG(B-1) issued, running in that order
+//   forward   module of bucket b starts -> wait AG(b) [replicated: update b]
+// Every pending gather is finished before the next backward's first reduction.
+//
+// Single-threaded by contract: hooks and step() run on the training thread.
+#pragma once
+
+#include "core/device.h"
+#include "core/layout.h"
+#include "core/states.h"
+#include "core/update_timing.h"
+#include "schedule/policy.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dearcomm::core {
+
+class Executor {
+ public:
+  // `names`: one per parameter, for errors; `rank`: for errors too.
+  Executor(Layout layout, std::vector<std::string> names, std::unique_ptr<SchedulePolicy> policy, Device& device,
+           int rank);
+  Executor(const Executor&) = delete;  // its Completions point into layout_
+  Executor& operator=(const Executor&) = delete;
+
+  // ---- backward --------------------------------------------------------
+  // A gradient arrived (the first of a backward begins it; one in kGathering
+  // first makes every bucket current). Issues what the policy returns for
+  // every bucket that became eligible.
+  void grad_ready(int64_t param);
+  // Parameters without a gradient so far in this backward.
+  std::vector<int64_t> missing_grads() const;
+  // Raises std::invalid_argument, naming them, if some got no gradient.
+  void check_backward_complete() const;
+  // Backward is over: checks it is complete, issues what the policy held
+  // back, and waits for the reductions where the policy says so, or where
+  // they read memory the user may write next. Idempotent.
+  void end_backward();
+
+  // ---- step ------------------------------------------------------------
+  // The averages are needed now (clipping, GradScaler): waits for every
+  // reduction. Idempotent within a step.
+  void finish_reductions();
+  // optimizer.step() begins: waits for the reductions unless the policy
+  // leaves them to the next forward and nothing else needs them.
+  void begin_step(bool averages_needed);
+  // optimizer.step() ends (after the update): issues what the next forward
+  // consumes, or, with nothing left pending, ends the iteration.
+  void end_step();
+  // A step whose update is skipped (GradScaler found inf/NaN on some rank).
+  void skip_step();
+
+  // ---- forward ---------------------------------------------------------
+  // Makes bucket `bucket` current (waits for it, applies its update).
+  void require_bucket(int64_t bucket);
+  // Makes every bucket current (eval, state_dict, sync()).
+  void flush();
+
+  IterationState state() const { return machine_.iteration(); }
+  BucketState bucket_state(int64_t bucket) const;
+  const SchedulePolicy& policy() const { return *policy_; }
+  const UpdateTiming& timing() const { return timing_; }
+  const Layout& layout() const { return layout_; }
+  // Buckets a forward needed before their gather was issued (stays 0).
+  int64_t prefetch_misses() const { return prefetch_misses_; }
+  StateMachine& machine() { return machine_; }
+
+ private:
+  void begin_backward();
+  void issue(const std::vector<Op>& ops);
+  void wait_reduction(int64_t bucket);
+  void make_current(int64_t bucket);
+  void apply(int64_t bucket);
+  void check_bucket_index(int64_t bucket) const;
+
+  Layout layout_;
+  std::vector<std::string> names_;
+  std::unique_ptr<SchedulePolicy> policy_;
+  Device& device_;
+  const int rank_;
+  const Collective reduction_;
+  const UpdateTiming timing_;
+  StateMachine machine_;
+  std::vector<int64_t> bucket_bytes_;  // what the policy weighs
+
+  // This backward:
+  std::vector<bool> grad_ready_;  // per parameter
+  std::vector<int64_t> ready_;    // per bucket: parameters overlapping it whose gradient arrived
+  int64_t next_eligible_ = 0;     // eligibility order is B-1, ..., 0: counts eligible buckets
+  bool backward_ended_ = false;
+  Completion reduced_;            // averages_to_grad: parameters all of whose buckets are reduced
+  // This step's gathers:
+  int64_t next_gather_ = 0;       // issue order is 0, 1, ..., B-1
+  Completion current_;            // update_when_current: parameters all of whose buckets are current
+  int64_t prefetch_misses_ = 0;
+};
+
+}  // namespace dearcomm::core

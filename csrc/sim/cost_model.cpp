@@ -1,0 +1,52 @@
+#include "sim/cost_model.h"
+
+#include "core/check.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace dearcomm::sim {
+namespace {
+void check(const char* kind, const AlphaBeta& ab) {
+  DEARCOMM_CORE_CHECK(std::isfinite(ab.alpha_s) && ab.alpha_s >= 0 && std::isfinite(ab.seconds_per_byte) &&
+                          ab.seconds_per_byte >= 0,
+                      std::invalid_argument, "dearcomm: the cost of ", kind, " needs a finite alpha >= 0 and beta >= 0,"
+                      " got alpha ", ab.alpha_s, " s and beta ", ab.seconds_per_byte, " s/byte");
+}
+}  // namespace
+
+CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce)
+    : world_size_(world_size), reduce_scatter_(reduce_scatter), all_gather_(all_gather), all_reduce_(all_reduce) {
+  DEARCOMM_CORE_CHECK(world_size >= 2, std::invalid_argument, "dearcomm: a world size >= 2 is needed, got ",
+                      world_size);
+  check("reduce_scatter", reduce_scatter_);
+  check("all_gather", all_gather_);
+  check("all_reduce", all_reduce_);
+}
+
+const AlphaBeta& CostModel::of(Collective kind) const {
+  switch (kind) {
+    case Collective::kReduceScatter: return reduce_scatter_;
+    case Collective::kAllGather: return all_gather_;
+    case Collective::kAllReduce: return all_reduce_;
+  }
+  return all_reduce_;
+}
+
+double CostModel::seconds(Collective kind, int64_t bytes) const {
+  const double p = static_cast<double>(world_size_);
+  const double passes = kind == Collective::kAllReduce ? 2.0 : 1.0;  // an all-reduce is RS + AG
+  const AlphaBeta& ab = of(kind);
+  return passes * ((p - 1) * ab.alpha_s + (p - 1) / p * static_cast<double>(bytes) * ab.seconds_per_byte);
+}
+
+int64_t CostModel::all_reduce_bytes_in(double seconds) const {
+  const double per_byte = 2.0 * (world_size_ - 1) / static_cast<double>(world_size_) * all_reduce_.seconds_per_byte;
+  if (per_byte <= 0) {
+    return INT64_MAX;
+  }
+  const double bytes = seconds / per_byte;
+  return bytes >= 9.0e18 ? INT64_MAX : static_cast<int64_t>(bytes);
+}
+
+}  // namespace dearcomm::sim

@@ -1,0 +1,35 @@
+// What a collective costs on the simulated device: the α–β model of a ring,
+// per collective kind (each kind may have its own α and β: NCCL and gloo
+// reach different bandwidths for them). For n bytes over p ranks:
+//   reduce-scatter, all-gather   (p-1)·α + (p-1)/p · n · β
+//   all-reduce                 2·(p-1)·α + 2·(p-1)/p · n · β
+// Standard C++ only.
+#pragma once
+
+#include "schedule/policy.h"
+
+#include <cstdint>
+
+namespace dearcomm::sim {
+
+struct AlphaBeta {
+  double alpha_s = 0.0;           // per step of the ring
+  double seconds_per_byte = 0.0;  // β: 1 / bandwidth
+};
+
+class CostModel {
+ public:
+  CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce);
+  double seconds(Collective kind, int64_t bytes) const;
+  // Bytes an all-reduce moves through the link in `seconds` once started
+  // (the link model a queueing policy gets).
+  int64_t all_reduce_bytes_in(double seconds) const;
+  int64_t world_size() const { return world_size_; }
+
+ private:
+  const AlphaBeta& of(Collective kind) const;
+  int64_t world_size_;
+  AlphaBeta reduce_scatter_, all_gather_, all_reduce_;
+};
+
+}  // namespace dearcomm::sim

@@ -1,0 +1,29 @@
+// What the simulated device computes with: per module (forward order) its
+// forward and backward time and the parameters it reads, and the optimizer's
+// time over the whole model. Standard C++ only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dearcomm::sim {
+
+struct ModuleCost {
+  std::string name;
+  double forward_s = 0.0;
+  double backward_s = 0.0;
+  std::vector<int64_t> params;  // engine-order indices of the parameters its forward reads
+};
+
+struct Profile {
+  std::vector<ModuleCost> modules;   // forward order
+  double step_s = 0.0;               // the optimizer over every parameter, on one rank
+  std::vector<int64_t> param_numels; // engine order: what share of step_s an update of some parameters takes
+
+  // Raises std::invalid_argument naming the module or parameter: times must
+  // be finite and >= 0, every parameter read by exactly one module.
+  void check(int64_t num_params) const;
+};
+
+}  // namespace dearcomm::sim

@@ -1,0 +1,69 @@
+#include "sim/sim_device.h"
+
+#include "core/check.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace dearcomm::sim {
+
+SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model)
+    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model), in_flight_(layout.buckets.size()) {
+  for (int64_t numel : profile_.param_numels) {
+    total_numel_ += numel;
+  }
+}
+
+void SimDevice::compute(const std::string& name, double seconds) {
+  spans_.push_back({name, iteration_, now_, now_ + seconds});
+  now_ += seconds;
+}
+
+std::vector<int64_t> SimDevice::begin_backward() {
+  // The link model of the backward before (the real device agrees on one
+  // measured a few backwards before; in a steady state they are the same).
+  if (link_model_ && !ticks_.empty()) {
+    drained_.clear();
+    double before = backward_begin_;
+    for (double tick : ticks_) {
+      drained_.push_back(cost_.all_reduce_bytes_in(tick - before));
+      before = tick;
+    }
+  }
+  backward_begin_ = now_;
+  ticks_.clear();
+  return drained_;
+}
+
+void SimDevice::eligible(int64_t /*bucket*/) {
+  ticks_.push_back(now_);
+}
+
+void SimDevice::issue(const Op& op) {
+  const double start = std::max(now_, channel_free_);
+  const double end = start + cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes);
+  channel_free_ = end;
+  in_flight_[op.bucket] = SimOp{op.kind, op.bucket, iteration_, now_, start, end};
+}
+
+void SimDevice::wait(const Op& op) {
+  SimOp done = in_flight_.at(op.bucket);
+  DEARCOMM_CORE_CHECK(done.issued_s >= 0 && done.kind == op.kind, std::logic_error,
+                      "dearcomm: internal error: the simulated device waits for ", to_string(op.kind), " of bucket ",
+                      op.bucket, ", which is not in flight");
+  done.wait_begin_s = now_;
+  now_ = std::max(now_, done.end_s);
+  done.wait_end_s = now_;
+  in_flight_[op.bucket] = SimOp{};
+  ops_.push_back(done);
+}
+
+void SimDevice::update(int64_t /*bucket*/, const std::vector<int64_t>& params) {
+  int64_t numel = 0;
+  for (int64_t p : params) {
+    numel += profile_.param_numels.at(p);
+  }
+  compute("update", total_numel_ > 0 ? profile_.step_s * static_cast<double>(numel) / total_numel_ : 0.0);
+}
+
+}  // namespace dearcomm::sim

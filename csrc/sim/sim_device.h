@@ -1,0 +1,77 @@
+// The simulated device: the executor's actions on a virtual clock. One
+// compute stream (forward, backward and optimizer time from a Profile) and
+// one communication channel that runs collectives one at a time in issue
+// order (as the real backends do: one NCCL stream; gloo pairs in posting
+// order), each taking what the CostModel says. A wait moves the compute
+// stream to the collective's end. It records what the real device traces
+// (launch, completion, wait), so a prediction draws like a measurement.
+// Standard C++ only.
+#pragma once
+
+#include "core/device.h"
+#include "core/layout.h"
+#include "sim/cost_model.h"
+#include "sim/profile.h"
+
+#include <string>
+#include <vector>
+
+namespace dearcomm::sim {
+
+struct SimOp {
+  Collective kind = Collective::kAllReduce;
+  int64_t bucket = -1;
+  int64_t iteration = -1;
+  double issued_s = -1.0;  // the host issued it (the compute stream's time); -1: nothing in flight
+  double start_s = -1.0;   // the channel began it
+  double end_s = -1.0;     // ... and finished it
+  double wait_begin_s = -1.0;
+  double wait_end_s = -1.0;
+};
+
+struct Span {
+  std::string name;
+  int64_t iteration;
+  double start_s;
+  double end_s;
+};
+
+class SimDevice final : public core::Device {
+ public:
+  // `link_model`: give the policy the link model (bytes an all-reduce drains
+  // between eligibility events, from the previous backward's spacing).
+  SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model);
+
+  void compute(const std::string& name, double seconds);
+  double now() const { return now_; }
+  void set_iteration(int64_t iteration) { iteration_ = iteration; }
+  const std::vector<SimOp>& ops() const { return ops_; }
+  const std::vector<Span>& spans() const { return spans_; }
+
+  std::vector<int64_t> begin_backward() override;
+  void accept_grad(int64_t /*param*/) override {}
+  void eligible(int64_t bucket) override;
+  void issue(const Op& op) override;
+  void wait(const Op& op) override;
+  void averages_to_grad(int64_t /*bucket*/, const std::vector<int64_t>& /*params*/) override {}
+  void averages_in(int64_t /*bucket*/) override {}
+  void update(int64_t bucket, const std::vector<int64_t>& params) override;
+
+ private:
+  const core::Layout& layout_;
+  const Profile& profile_;
+  const CostModel& cost_;
+  const bool link_model_;
+  int64_t total_numel_ = 0;
+  double now_ = 0.0;           // the compute stream
+  double channel_free_ = 0.0;  // the communication channel
+  int64_t iteration_ = 0;
+  std::vector<SimOp> in_flight_;  // per bucket: its latest collective
+  std::vector<SimOp> ops_;        // waited for, in wait order
+  std::vector<Span> spans_;
+  double backward_begin_ = 0.0;
+  std::vector<double> ticks_;     // this backward's eligibility times
+  std::vector<int64_t> drained_;  // the model from the previous backward
+};
+
+}  // namespace dearcomm::sim

@@ -1,0 +1,38 @@
+// A schedule run on the simulated device: the executor and the policy that
+// train (core/executor.h, schedule/), driven as dearcomm's hooks drive them,
+// on a virtual clock. Standard C++ only.
+//
+// Each iteration: the forward runs the modules in order, each first making
+// its buckets current (require_bucket); the backward runs them in reverse,
+// each module's parameters becoming ready as its backward ends; then
+// end_backward, step() (the update at step: the shard, or the whole model,
+// or nothing for an update before use) and end_step. One more forward after
+// the last iteration consumes what its step left pending.
+#pragma once
+
+#include "core/layout.h"
+#include "core/states.h"
+#include "schedule/policy.h"
+#include "sim/cost_model.h"
+#include "sim/profile.h"
+#include "sim/sim_device.h"
+
+#include <memory>
+#include <vector>
+
+namespace dearcomm::sim {
+
+struct Result {
+  // Steady state: from the start of the last iteration's forward to the start
+  // of the forward after it.
+  double iteration_s = 0.0;
+  std::vector<double> iteration_starts_s;  // one per iteration, and one for the final forward
+  std::vector<SimOp> ops;                  // every collective, in the order waited for
+  std::vector<Span> spans;                 // compute, in order
+  std::vector<Transition> records;         // the executor's state changes, whole run
+};
+
+Result simulate(const core::Layout& layout, const Profile& profile, std::unique_ptr<SchedulePolicy> policy,
+                const CostModel& cost, int64_t iterations);
+
+}  // namespace dearcomm::sim

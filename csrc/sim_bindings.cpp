@@ -1,0 +1,97 @@
+// dearcomm._C.simulate: a schedule on the simulated device (sim/), for
+// dearcomm.simulate (dearcomm/simulate.py), which validates and plans first.
+#include "engine/bucket_layout.h"
+#include "schedule/registry.h"
+#include "sim/simulate.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace dearcomm {
+
+py::list transitions_to_list(const std::vector<Transition>& records);  // bindings.cpp
+
+namespace {
+
+sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& costs, const std::string& kind) {
+  const auto it = costs.find(kind);
+  TORCH_CHECK_VALUE(it != costs.end(), "dearcomm: no cost given for ", kind);
+  return {it->second.first, it->second.second};
+}
+
+py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
+                  const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
+                  double step_s, const std::vector<int64_t>& param_numels, const std::string& schedule,
+                  const std::string& update, int64_t credit_bytes,
+                  const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations) {
+  sim::Profile profile;
+  for (const auto& [name, forward_s, backward_s, params] : modules) {
+    profile.modules.push_back({name, forward_s, backward_s, params});
+  }
+  profile.step_s = step_s;
+  profile.param_numels = param_numels;
+  const sim::CostModel cost(layout.world_size, cost_of(costs, "reduce_scatter"), cost_of(costs, "all_gather"),
+                            cost_of(costs, "all_reduce"));
+  sim::Result result;
+  {
+    py::gil_scoped_release no_gil;  // pure C++ from here
+    result = sim::simulate(core_layout(layout, comm_dtype), profile, make_policy(schedule, update, credit_bytes), cost,
+                           iterations);
+  }
+  py::list ops;
+  for (const sim::SimOp& op : result.ops) {
+    py::dict d;
+    d["kind"] = to_string(op.kind);
+    d["bucket"] = op.bucket;
+    d["iteration"] = op.iteration;
+    d["issued_s"] = op.issued_s;
+    d["start_s"] = op.start_s;
+    d["end_s"] = op.end_s;
+    d["wait_begin_s"] = op.wait_begin_s;
+    d["wait_end_s"] = op.wait_end_s;
+    ops.append(d);
+  }
+  py::list spans;
+  for (const sim::Span& span : result.spans) {
+    py::dict d;
+    d["name"] = span.name;
+    d["iteration"] = span.iteration;
+    d["start_s"] = span.start_s;
+    d["end_s"] = span.end_s;
+    spans.append(d);
+  }
+  py::dict out;
+  out["iteration_s"] = result.iteration_s;
+  out["iteration_starts_s"] = result.iteration_starts_s;
+  out["ops"] = ops;
+  out["spans"] = spans;
+  out["records"] = transitions_to_list(result.records);
+  return out;
+}
+
+}  // namespace
+
+void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py::handle&)) {
+  m.def("simulate",
+        [to_scalar_type](const BucketLayout& layout, const py::object& comm_dtype,
+                         const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
+                         double step_s, const std::vector<int64_t>& param_numels, const std::string& schedule,
+                         const std::string& update, int64_t credit_bytes,
+                         const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations) {
+          const c10::ScalarType dtype =
+              comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
+          return simulate(layout, dtype, modules, step_s, param_numels, schedule, update, credit_bytes, costs,
+                          iterations);
+        },
+        py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
+        py::arg("schedule"), py::arg("update"), py::arg("credit_bytes"), py::arg("costs"), py::arg("iterations"),
+        "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
+}
+
+}  // namespace dearcomm

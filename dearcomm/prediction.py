@@ -1,0 +1,150 @@
+"""Predict a schedule's iteration time without running it: the executor and
+the schedule policy that train (csrc/core/, csrc/schedule/) run on a simulated
+device with a virtual clock (csrc/sim/): one compute stream timed by a
+per-module profile, one communication channel timed by an α–β cost model.
+
+    from dearcomm import ModuleProfile, Network, simulate
+    profile = [ModuleProfile("embed", 0.4, 0.8, [4_000_000]),
+               ModuleProfile("block0", 2.0, 4.0, [2_359_296, 768]), ...]
+    p = simulate(profile, schedule="dear", world_size=8, network=Network(alpha_us=20, gbit_s=10), step_ms=3.0)
+    p.iteration_ms, p.ops[:3]
+    write_chrome_trace("predicted.json", {"dear (predicted)": [p.timeline_events()]})
+
+Options (bucket_mb, partition_mb, credit_mb, comm_dtype, update) are wrap()'s,
+validated the same way, and the buckets are planned by the same planner.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from . import _C
+from ._options import WrapOptions
+
+KINDS = ("reduce_scatter", "all_gather", "all_reduce")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleProfile:
+    """One module, in forward order: its forward and backward time on one rank
+    and the element counts of the parameters its forward reads (each
+    parameter belongs to exactly one module)."""
+    name: str
+    forward_ms: float
+    backward_ms: float
+    param_numels: Sequence[int] = ()
+    dtype: torch.dtype = torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """α–β cost of a ring collective: ``alpha_us`` per ring step, ``gbit_s``
+    of bandwidth. ``per_kind`` overrides both for "reduce_scatter",
+    "all_gather" or "all_reduce" as {kind: (alpha_us, gbit_s)}."""
+    alpha_us: float
+    gbit_s: float
+    per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def costs(self) -> Dict[str, Tuple[float, float]]:
+        """{kind: (alpha seconds, beta seconds per byte)}"""
+        unknown = sorted(set(self.per_kind) - set(KINDS))
+        if unknown:
+            raise ValueError(f"dearcomm: Network.per_kind names {unknown}; expected some of {list(KINDS)}")
+        out = {}
+        for kind in KINDS:
+            alpha_us, gbit_s = self.per_kind.get(kind, (self.alpha_us, self.gbit_s))
+            _check_number(f"{kind} alpha_us", alpha_us, allow_zero=True)
+            _check_number(f"{kind} gbit_s", gbit_s, allow_zero=False, allow_inf=True)
+            out[kind] = (alpha_us * 1e-6, 8.0 / (gbit_s * 1e9))
+        return out
+
+
+@dataclasses.dataclass
+class Prediction:
+    iteration_ms: float
+    """Steady state: from the start of the last iteration's forward to the start of the next."""
+    ops: List[Dict]
+    """Every collective: kind, bucket, iteration, issued/start/end/wait_begin/wait_end in ms."""
+    spans: List[Dict]
+    """Compute: name, iteration, start/end in ms."""
+    records: List[Dict]
+    """The executor's state changes (what the real engine's take_records() gives)."""
+    layout: object
+    """The bucket layout (dearcomm._C.BucketLayout) the run used."""
+
+    def buckets(self, iteration: Optional[int] = None) -> List[Dict]:
+        """Per bucket, the start and end (ms) of its reduction and of its
+        gather in ``iteration`` (default: the last full one)."""
+        last = max(op["iteration"] for op in self.ops) - 1 if iteration is None else iteration
+        rows = [dict(bucket=b) for b in range(len(self.layout.buckets))]
+        for op in self.ops:
+            if op["kind"] == "all_gather" and op["iteration"] == last:
+                rows[op["bucket"]].update(gather_start_ms=op["start_ms"], gather_end_ms=op["end_ms"])
+            elif op["kind"] != "all_gather" and op["iteration"] == last:
+                rows[op["bucket"]].update(reduction=op["kind"], reduction_start_ms=op["start_ms"],
+                                          reduction_end_ms=op["end_ms"])
+        return rows
+
+    def timeline_events(self) -> List[Dict]:
+        """The run as dearcomm.timeline events (lane, name, start_ns, end_ns):
+        write_chrome_trace and plot_gantt draw it like a measured timeline."""
+        lanes = {"reduce_scatter": "reduce", "all_reduce": "reduce", "all_gather": "gather"}
+        events = [dict(lane="compute", name=s["name"], start_ns=round(s["start_ms"] * 1e6),
+                       end_ns=round(s["end_ms"] * 1e6)) for s in self.spans]
+        events += [dict(lane=lanes[op["kind"]], name=f"{op['kind']}[bucket {op['bucket']}]",
+                        start_ns=round(op["start_ms"] * 1e6), end_ns=round(op["end_ms"] * 1e6)) for op in self.ops]
+        return sorted(events, key=lambda e: e["start_ns"])
+
+
+def _check_number(name: str, value, allow_zero: bool, allow_inf: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0) and (allow_inf or math.isfinite(value))
+    if not ok:
+        raise ValueError(f"dearcomm: {name} must be a {'non-negative' if allow_zero else 'positive'} "
+                         f"{'' if allow_inf else 'finite '}number, got {value!r}")
+
+
+def simulate(profile: Sequence[ModuleProfile], *, world_size: int, network: Network, schedule: str = "dear",
+             update: Optional[str] = None, step_ms: float = 0.0, bucket_mb: float = 25.0,
+             partition_mb: Optional[float] = None, credit_mb: Optional[float] = None,
+             comm_dtype: Optional[torch.dtype] = None, iterations: int = 3) -> Prediction:
+    """Runs ``iterations`` iterations of ``schedule`` on the simulated device
+    and returns the prediction. ``step_ms``: the optimizer over the whole
+    model on one rank (a sharded update takes 1/world_size of it)."""
+    options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
+                          credit_mb=credit_mb, comm_dtype=comm_dtype)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
+        raise ValueError(f"dearcomm: world_size must be an int >= 2, got {world_size!r}")
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise ValueError(f"dearcomm: iterations must be an int >= 1, got {iterations!r}")
+    if not isinstance(network, Network):
+        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
+    _check_number("step_ms", step_ms, allow_zero=True)
+    numels, dtypes, modules = [], [], []
+    for m in profile:
+        if not isinstance(m, ModuleProfile):
+            raise TypeError(f"dearcomm: the profile holds ModuleProfile entries, got {type(m).__name__}")
+        _check_number(f"module {m.name!r} forward_ms", m.forward_ms, allow_zero=True)
+        _check_number(f"module {m.name!r} backward_ms", m.backward_ms, allow_zero=True)
+        for n in m.param_numels:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"dearcomm: module {m.name!r} has a parameter of {n!r} elements; expected an int >= 1")
+        first = len(numels)
+        numels += list(m.param_numels)
+        dtypes += [m.dtype] * len(m.param_numels)
+        modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
+    if not numels:
+        raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
+    layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes)
+    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.schedule, options.update,
+                      options.credit_bytes, network.costs(), iterations)
+    ms = 1e3
+
+    def in_ms(d: Dict) -> Dict:
+        return {(k[:-2] + "_ms" if k.endswith("_s") else k): (v * ms if k.endswith("_s") and v >= 0 else v)
+                for k, v in d.items()}
+    return Prediction(iteration_ms=raw["iteration_s"] * ms, ops=[in_ms(op) for op in raw["ops"]],
+                      spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout)

@@ -1,0 +1,133 @@
+"""The simulated device: the executor and policies that train, on a virtual
+clock. Each schedule's timeline on a 3-bucket profile is computed by hand
+below (every collective's exact start and end), and checked op by op.
+
+Profile: three modules, each with one 1 MiB fp32 parameter (one bucket each
+with bucket_mb=0), forward 1 ms and backward 2 ms each; 2 ranks; α = 0 and a
+bandwidth at which a reduce-scatter or all-gather of 1 MiB takes 1 ms (an
+all-reduce 2 ms); the optimizer takes 2 ms over the whole model (sharded: 1 ms
+for the half a rank owns; replicated: 2/3 ms per parameter, in the forward).
+"""
+import math
+
+import pytest
+import torch
+
+import dearcomm
+from dearcomm import ModuleProfile, Network
+
+MIB = 1 << 20
+NUMEL = MIB // 4
+# (p-1)/p * n * beta = 1 ms for n = 1 MiB at p = 2: beta = 2e-3 / MiB s/byte.
+NETWORK = Network(alpha_us=0.0, gbit_s=8 * MIB / 2e-3 / 1e9)
+PROFILE = [ModuleProfile(f"m{i}", forward_ms=1.0, backward_ms=2.0, param_numels=[NUMEL]) for i in range(3)]
+U = 2.0 / 3.0  # one parameter's replicated update
+
+# Every collective, in the order waited for: (kind, bucket, iteration, start ms, end ms).
+# The comments follow the compute stream.
+EXPECTED = {
+    ("dear", "sharded"): (12.0, [
+        # it 0: fwd [0,3]; bwd m2 [3,5] -> RS2, m1 [5,7] -> RS1, m0 [7,9] -> RS0; step() waits until 10,
+        # updates the shard [10,11], issues AG0..AG2
+        ("reduce_scatter", 2, 0, 5, 6), ("reduce_scatter", 1, 0, 7, 8), ("reduce_scatter", 0, 0, 9, 10),
+        # it 1 starts at 11: waits AG0 (12), fwd m0 [12,13], m1 [13,14], m2 [14,15]; bwd [15,21]
+        ("all_gather", 0, 0, 11, 12), ("all_gather", 1, 0, 12, 13), ("all_gather", 2, 0, 13, 14),
+        ("reduce_scatter", 2, 1, 17, 18), ("reduce_scatter", 1, 1, 19, 20), ("reduce_scatter", 0, 1, 21, 22),
+        # step [22,23]; the final forward starts at 23: iteration = 23 - 11
+        ("all_gather", 0, 1, 23, 24), ("all_gather", 1, 1, 24, 25), ("all_gather", 2, 1, 25, 26),
+    ]),
+    ("dear", "replicated"): (13.0, [
+        ("reduce_scatter", 2, 0, 5, 6), ("reduce_scatter", 1, 0, 7, 8), ("reduce_scatter", 0, 0, 9, 10),
+        # step() updates nothing: AGs issued at 10; it 1 starts at 10, waits AG0 (11), updates p0, fwd m0, ...
+        ("all_gather", 0, 0, 10, 11), ("all_gather", 1, 0, 11, 12), ("all_gather", 2, 0, 12, 13),
+        # fwd ends at 11 + 3 updates + 3 fwd = 16; bwd m2 [16,18], m1 [18,20], m0 [20,22]
+        ("reduce_scatter", 2, 1, 18, 19), ("reduce_scatter", 1, 1, 20, 21), ("reduce_scatter", 0, 1, 22, 23),
+        ("all_gather", 0, 1, 23, 24), ("all_gather", 1, 1, 24, 25), ("all_gather", 2, 1, 25, 26),
+    ]),
+    ("wfbp", "replicated"): (13.0, [
+        # it 0: AR2 [5,7], AR1 [7,9], AR0 [9,11]; backward returns at 11 with averages; step [11,13]
+        ("all_reduce", 2, 0, 5, 7), ("all_reduce", 1, 0, 7, 9), ("all_reduce", 0, 0, 9, 11),
+        # it 1 starts at 13: fwd [13,16], bwd m2 [16,18] ...
+        ("all_reduce", 2, 1, 18, 20), ("all_reduce", 1, 1, 20, 22), ("all_reduce", 0, 1, 22, 24),
+    ]),
+    ("bytescheduler", "replicated"): (13.0, [
+        # it 0: AR2 [5,7], AR1 [7,9], AR0 [9,11]; step() at 9 waits for nothing
+        # it 1 starts at 9: waits AR0 (11), updates p0, fwd m0, ... (fwd ends at 16)
+        ("all_reduce", 0, 0, 9, 11), ("all_reduce", 1, 0, 7, 9), ("all_reduce", 2, 0, 5, 7),
+        # bwd m2 [16,18] -> AR2 [18,20], m1 -> AR1 [20,22], m0 -> AR0 [22,24]; step at 22: iteration 22 - 9
+        ("all_reduce", 0, 1, 22, 24), ("all_reduce", 1, 1, 20, 22), ("all_reduce", 2, 1, 18, 20),
+    ]),
+}
+
+
+@pytest.mark.parametrize("schedule,update", list(EXPECTED))
+def test_hand_computed_timeline(schedule, update):
+    iteration_ms, expected = EXPECTED[(schedule, update)]
+    p = dearcomm.simulate(PROFILE, schedule=schedule, update=update, world_size=2, network=NETWORK, step_ms=2.0,
+                          bucket_mb=0, iterations=2)
+    assert len(p.layout.buckets) == 3
+    got = [(op["kind"], op["bucket"], op["iteration"], op["start_ms"], op["end_ms"]) for op in p.ops]
+    assert len(got) == len(expected), got
+    for g, e in zip(got, expected):
+        assert g[:3] == e[:3] and g[3] == pytest.approx(e[3], abs=1e-9) and g[4] == pytest.approx(e[4], abs=1e-9), \
+            (g, e)
+    assert p.iteration_ms == pytest.approx(iteration_ms, abs=1e-9)
+
+
+def test_replicated_updates_each_parameter_before_its_forward():
+    p = dearcomm.simulate(PROFILE, schedule="dear", update="replicated", world_size=2, network=NETWORK, step_ms=2.0,
+                          bucket_mb=0, iterations=2)
+    it1 = [(s["name"], s["start_ms"], s["end_ms"]) for s in p.spans if s["iteration"] == 1][:6]
+    expected = [("update", 11, 11 + U), ("fwd m0", 11 + U, 12 + U), ("update", 12 + U, 12 + 2 * U),
+                ("fwd m1", 12 + 2 * U, 13 + 2 * U), ("update", 13 + 2 * U, 15), ("fwd m2", 15, 16)]
+    for g, e in zip(it1, expected):
+        assert g[0] == e[0] and g[1] == pytest.approx(e[1]) and g[2] == pytest.approx(e[2]), (g, e)
+
+
+def test_a_prediction_draws_as_a_timeline(tmp_path):
+    from dearcomm.timeline import plot_gantt, write_chrome_trace
+    p = dearcomm.simulate(PROFILE, world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0)
+    events = p.timeline_events()
+    assert {e["lane"] for e in events} == {"compute", "reduce", "gather"}
+    write_chrome_trace(str(tmp_path / "trace.json"), {"dear (predicted)": [events]})
+    plot_gantt(str(tmp_path / "trace.png"), {"dear (predicted)": events})
+    assert (tmp_path / "trace.json").stat().st_size > 0 and (tmp_path / "trace.png").stat().st_size > 0
+    rows = p.buckets()
+    assert [r["bucket"] for r in rows] == [0, 1, 2] and all("gather_end_ms" in r for r in rows)
+
+
+def test_more_ranks_cost_more_and_a_faster_network_less():
+    base = dict(schedule="dear", step_ms=2.0, bucket_mb=0)
+    t2 = dearcomm.simulate(PROFILE, world_size=2, network=NETWORK, **base).iteration_ms
+    t8 = dearcomm.simulate(PROFILE, world_size=8, network=Network(alpha_us=50, gbit_s=NETWORK.gbit_s), **base)
+    fast = dearcomm.simulate(PROFILE, world_size=2, network=Network(alpha_us=0, gbit_s=1e6), **base).iteration_ms
+    assert t8.iteration_ms > t2 > fast
+    # Perfect overlap bounds it below: compute alone is 3 + 6 + 1 ms.
+    assert fast == pytest.approx(10.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(world_size=1), ValueError, "world_size must be an int >= 2"),
+    (dict(schedule="nope"), ValueError, "unknown schedule"),
+    (dict(step_ms=float("nan")), ValueError, "step_ms must be"),
+    (dict(network=Network(alpha_us=-1, gbit_s=1)), ValueError, "alpha_us must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
+    (dict(iterations=0), ValueError, "iterations must be"),
+    (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),
+])
+def test_bad_inputs_get_clear_errors(kwargs, error, match):
+    args = dict(profile=PROFILE, world_size=2, network=NETWORK)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        dearcomm.simulate(args.pop("profile"), **args)
+
+
+def test_every_schedule_and_update_runs_on_the_simulated_device():
+    for name, entry in {e["name"]: e for e in dearcomm._C.schedules()}.items():
+        for update in entry["updates"]:
+            p = dearcomm.simulate(PROFILE, schedule=name, update=update, world_size=4, network=NETWORK,
+                                  step_ms=1.0, bucket_mb=0.5)
+            assert math.isfinite(p.iteration_ms) and p.iteration_ms >= 9.0  # compute alone: 3 + 6 ms
