@@ -218,6 +218,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("numel", &BucketSpec::numel)
       .def_readonly("padded_numel", &BucketSpec::padded_numel)
       .def_readonly("shard_numel", &BucketSpec::shard_numel)
+      .def("shard_begin", &BucketSpec::shard_begin, py::arg("rank"),
+           "Where rank `rank`'s shard starts in the bucket, in elements.")
       .def_readonly("buffer", &BucketSpec::buffer)
       .def_readonly("buffer_offset", &BucketSpec::buffer_offset)
       .def_property_readonly("dtype", [](const BucketSpec& s) { return to_dtype(s.dtype); });
@@ -338,6 +340,7 @@ PYBIND11_MODULE(_C, m) {
       .def("require_bucket", &Engine::require_bucket, release())
       .def("flush", &Engine::flush, release())
       .def("grad_shard", &Engine::grad_shard)
+      .def("own_part", &Engine::own_part, py::arg("bucket"))
       .def("master_shard", &Engine::master_shard)
       .def("averaged_grad", &Engine::averaged_grad, py::arg("param"),
            "Replicated update: the parameter's averaged gradient, valid from its all-gather to the next backward.")

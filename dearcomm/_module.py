@@ -180,8 +180,8 @@ def _before_load(module, *args, **kwargs) -> None:
 
 def _after_load(module, incompatible_keys) -> None:
     runtime = module._dear
-    if runtime.engine is not None and runtime.update.steps_master_copy:
-        runtime.engine.reload_master_shards()  # the optimizer updates the master copy, not the parameters
+    if runtime.engine is not None:
+        runtime.update.after_module_load(runtime.engine)
 
 
 def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:

@@ -132,13 +132,11 @@ class DistributedOptimizer(Optimizer):
         device = self._runtime.params[0].device
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
         state = scaler._per_optimizer_states[id(self)]
-        if user_unscaled and self._update.averaged_in_grad:
-            # scaler.unscale_ unscaled and checked .grad, which is what this step applies.
+        targets = self._update.still_scaled(user_unscaled)
+        if targets is None:  # scaler.unscale_ unscaled and checked what this step applies
             targets = []
             for value in state["found_inf_per_device"].values():
                 found_inf += value.to(device)
-        else:
-            targets = self._update.averaged_tensors()
         if targets:
             inv_scale = scaler._scale.double().reciprocal().float().to(device)
             by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
@@ -176,8 +174,7 @@ class DistributedOptimizer(Optimizer):
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
             raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")
         engine.finish_reductions()
-        if self._update.checks_grad_versions:
-            self._check_grads_untouched()
+        self._check_grads_untouched()  # nothing to check where step() applies .grad as it is then
         return self._update.clip_grad_norm_(max_norm, norm_type)
 
     # ---- checkpoints ------------------------------------------------------------

@@ -204,9 +204,7 @@ class DearRuntime:
         # .grad holds the average, as with DDP) or where they read .grad's
         # memory, which the user's code may write next (scaler.unscale_, clipping).
         engine.end_backward()
-        if self.update.checks_grad_versions:
-            # What step() applies was reduced from .grad as it was here.
-            self._grad_versions = [(p.grad, p.grad._version if p.grad is not None else 0) for p in self.params]
+        self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
 
     def _check_not_replaced(self, indices: List[int]) -> None:
         """A parameter replaced after wrap() (``module.weight = nn.Parameter(...)``)

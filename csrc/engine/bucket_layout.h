@@ -41,6 +41,9 @@ struct BucketSpec {
   c10::ScalarType dtype;
   int64_t buffer;
   int64_t buffer_offset;
+
+  // Where rank `rank`'s shard starts in the bucket: the one place that says it.
+  int64_t shard_begin(int64_t rank) const { return rank * shard_numel; }
 };
 
 struct BucketLayout {

@@ -540,6 +540,11 @@ at::Tensor Engine::grad_shard(int64_t b) const {
   return update_->shard_for_optimizer(buckets_[b]);
 }
 
+at::Tensor Engine::own_part(int64_t b) const {
+  check_bucket_index(b);
+  return update_->own_part(buckets_[b], layout_.buckets[b], backend_->rank());
+}
+
 at::Tensor Engine::averaged_grad(int64_t param) const {
   TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
       "dearcomm: parameter index ", param, " out of range");
@@ -567,7 +572,7 @@ void Engine::reload_master_shards() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketSpec& spec = layout_.buckets[b];
     Bucket& bucket = buckets_[b];
-    bucket.master.copy_(bucket.params.narrow(0, rank * spec.shard_numel, spec.shard_numel));
+    bucket.master.copy_(bucket.params.narrow(0, spec.shard_begin(rank), spec.shard_numel));
   }
 }
 

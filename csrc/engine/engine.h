@@ -134,6 +134,10 @@ class Engine final : private core::Device {
   // it: its shard after a reduce-scatter (fp32 if sharded), the whole bucket
   // after an all-reduce (reduction() tells which). Not for .grad updates.
   at::Tensor grad_shard(int64_t bucket) const;
+  // This rank's part of the bucket's averages, disjoint from the other
+  // ranks' parts: a norm over them, summed over the ranks, is the global
+  // norm (the shard of a reduce-scatter; of an all-reduce, its shard's range).
+  at::Tensor own_part(int64_t bucket) const;
   Collective reduction() const { return reduction_; }
   at::Tensor master_shard(int64_t bucket) const;  // fp32 master parameters, this rank's shard
   // Re-reads master shards from the parameters (after a load_state_dict).

@@ -19,6 +19,9 @@ class FullUpdate final : public Update {
   at::Tensor shard_for_optimizer(const BucketBuffers& /*bucket*/) const override {
     TORCH_CHECK(false, "dearcomm: the averaged gradients are in .grad with update strategy ", to_string(kind()));
   }
+  at::Tensor own_part(const BucketBuffers& /*bucket*/, const BucketSpec& /*spec*/, int64_t /*rank*/) const override {
+    TORCH_CHECK(false, "dearcomm: the averaged gradients are in .grad with update strategy ", to_string(kind()));
+  }
 };
 
 }  // namespace

@@ -41,6 +41,11 @@ class ReplicatedUpdate final : public Update {
     return all_reduced_ ? bucket.grads : bucket.grad_shard;
   }
 
+  // All-reduced: every rank holds the whole bucket; its shard's range is its own.
+  at::Tensor own_part(const BucketBuffers& bucket, const BucketSpec& spec, int64_t rank) const override {
+    return all_reduced_ ? bucket.grads.narrow(0, spec.shard_begin(rank), spec.shard_numel) : bucket.grad_shard;
+  }
+
  private:
   const bool all_reduced_;
 };

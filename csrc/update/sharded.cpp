@@ -21,7 +21,7 @@ class ShardedUpdate final : public Update {
     bucket.master_grad = bucket.grad_shard.scalar_type() == at::kFloat
                              ? bucket.grad_shard
                              : at::zeros({n}, bucket.grad_shard.options().dtype(at::kFloat));
-    bucket.master = bucket.params.narrow(0, rank * n, n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    bucket.master = bucket.params.narrow(0, spec.shard_begin(rank), n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     bucket.gather_input = spec.dtype == at::kFloat ? bucket.master : at::empty({n}, bucket.params.options());
   }
 
@@ -35,6 +35,9 @@ class ShardedUpdate final : public Update {
   }
 
   at::Tensor shard_for_optimizer(const BucketBuffers& bucket) const override { return bucket.master_grad; }
+  at::Tensor own_part(const BucketBuffers& bucket, const BucketSpec& /*spec*/, int64_t /*rank*/) const override {
+    return bucket.master_grad;
+  }
 };
 
 }  // namespace

@@ -49,6 +49,9 @@ class Update {
   virtual void averages_in(BucketBuffers& /*bucket*/) const {}
   // What the optimizer reads for this bucket: see Engine::grad_shard.
   virtual at::Tensor shard_for_optimizer(const BucketBuffers& bucket) const = 0;
+  // This rank's part of the bucket's averages, disjoint from every other
+  // rank's (a global norm sums them over the ranks): see Engine::own_part.
+  virtual at::Tensor own_part(const BucketBuffers& bucket, const BucketSpec& spec, int64_t rank) const = 0;
 };
 
 // The strategy's object; raises if `reduction` cannot feed it (only a

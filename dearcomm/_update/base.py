@@ -17,7 +17,7 @@ The life of one step, as the optimizer drives it:
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Dict, List
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
@@ -42,10 +42,6 @@ class UpdateStrategy(abc.ABC):
     of backward, so step() refuses a .grad changed since (the change would be
     lost); the runtime notes the versions at the end of backward."""
 
-    steps_master_copy: ClassVar[bool] = False
-    """True: the optimizer steps the engine's fp32 master copy, not the
-    parameters, so a module load_state_dict() must reload that copy."""
-
     def __init__(self, optimizer: Optimizer, runtime) -> None:
         self.optimizer = optimizer  # the user's: its param_groups are the ones LR schedulers edit
         self.runtime = runtime
@@ -60,6 +56,24 @@ class UpdateStrategy(abc.ABC):
 
     def on_engine_built(self, engine) -> None:
         """Once the first backward planned the buckets."""
+
+    @classmethod
+    def grad_versions(cls, params: List[torch.Tensor]) -> Optional[List[Tuple[Optional[torch.Tensor], int]]]:
+        """At the end of backward: each parameter's .grad and its version,
+        where what step() applies was reduced from .grad as it is now (a later
+        change would be lost, so step() refuses it); None where step() applies
+        .grad as it will be then."""
+        return None
+
+    @classmethod
+    def after_module_load(cls, engine) -> None:
+        """After model.load_state_dict() put new values into the parameters."""
+
+    def still_scaled(self, user_unscaled: bool) -> Optional[List[torch.Tensor]]:
+        """What GradScaler must still unscale and inf-check at step(); None:
+        scaler.unscale_(optimizer) (``user_unscaled``) did it already to what
+        this step applies, and its found_inf stands."""
+        return self.averaged_tensors()
 
     @abc.abstractmethod
     def averaged_tensors(self) -> List[torch.Tensor]:

@@ -3,7 +3,7 @@ the averaged gradient in .grad when backward returns, and step() runs the
 user's optimizer on it. .grad may be edited freely between backward and step()."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -14,6 +14,9 @@ class FullAfterReduction(UpdateStrategy):
     name = "full_after_reduction"
     averaged_in_grad = True
     checks_grad_versions = False
+
+    def still_scaled(self, user_unscaled: bool) -> Optional[List[torch.Tensor]]:
+        return None if user_unscaled else self.averaged_tensors()  # scaler.unscale_ did .grad, which is applied
 
     def averaged_tensors(self) -> List[torch.Tensor]:
         return [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]

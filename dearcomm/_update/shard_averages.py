@@ -6,7 +6,7 @@ is what GradScaler unscales and what clipping measures, while .grad keeps
 this rank's local gradient."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -18,29 +18,32 @@ class AveragesInShards(UpdateStrategy):
     averaged_in_grad = False
     checks_grad_versions = True
 
+    @classmethod
+    def grad_versions(cls, params: List[torch.Tensor]) -> Optional[List[Tuple[Optional[torch.Tensor], int]]]:
+        return [(p.grad, p.grad._version if p.grad is not None else 0) for p in params]
+
     def averaged_tensors(self) -> List[torch.Tensor]:
         # Shards were never unscaled: scaler.unscale_ only touches the local .grad.
         engine = self.runtime.engine
         return [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
-        # Shards of a reduce-scatter are disjoint: one scalar all-reduce gives
-        # the global norm. All-reduced buckets are whole on every rank: the
-        # local norm is the global one. Scaled before any update or all-gather.
+        # Each rank's own parts are disjoint (a reduce-scatter's shards; the
+        # shard ranges of an all-reduced bucket that every rank holds whole):
+        # one scalar all-reduce of their norms gives the global norm. Scaled
+        # before any update or all-gather.
         norm_type = float(norm_type)
-        shards = self.averaged_tensors()
-        group = self.runtime.group
-        disjoint = self.runtime.engine.reduction == "reduce_scatter"
-        local = torch.stack([torch.linalg.vector_norm(s.float(), norm_type) for s in shards])
+        engine, group = self.runtime.engine, self.runtime.group
+        parts = [engine.own_part(b) for b in range(len(engine.layout.buckets))]
+        local = torch.stack([torch.linalg.vector_norm(p.float(), norm_type) for p in parts])
         if norm_type == float("inf"):
             total = local.max()
-            if disjoint:
-                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
         else:
             total = local.pow(norm_type).sum()
-            if disjoint:
-                dist.all_reduce(total, group=group)
+            dist.all_reduce(total, group=group)
             total = total.pow(1.0 / norm_type)
+        shards = self.averaged_tensors()
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for shard in shards:
             shard.mul_(coefficient.to(shard.dtype))

@@ -25,7 +25,6 @@ from .sharded_state import Piece
 
 class ShardedAtStep(AveragesInShards):
     name = "sharded_at_step"
-    steps_master_copy = True
 
     def __init__(self, optimizer, runtime) -> None:
         super().__init__(optimizer, runtime)
@@ -40,12 +39,16 @@ class ShardedAtStep(AveragesInShards):
             pending, self._pending_state = self._pending_state, None
             self.load_state_dict(pending)
 
+    @classmethod
+    def after_module_load(cls, engine) -> None:
+        engine.reload_master_shards()  # the optimizer updates the master copy, not the parameters
+
     def _build_shard_optimizer(self, engine) -> None:
         layout, rank, params = engine.layout, self.runtime.rank, self.runtime.params
         group_of = self.group_of()
         groups: List[List[torch.Tensor]] = [[] for _ in self.param_groups]
         for b, spec in enumerate(layout.buckets):
-            begin = rank * spec.shard_numel
+            begin = spec.shard_begin(rank)
             master, grad = engine.master_shard(b), engine.grad_shard(b)
             for piece in layout.pieces(b, begin, begin + spec.shard_numel):
                 group = group_of.get(params[piece.param])

@@ -85,7 +85,7 @@ def consolidate(update) -> Dict[str, Any]:
         flats: Dict[int, torch.Tensor] = {}
         for b, spec in enumerate(layout.buckets):
             shard = torch.zeros(spec.shard_numel, dtype=dtype, device=device)
-            base = runtime.rank * spec.shard_numel
+            base = spec.shard_begin(runtime.rank)
             for piece in pieces:
                 value = local[piece.master].get(key)
                 if piece.bucket == b and value is not None:
