@@ -19,14 +19,18 @@ Pieces, measured in the same run: T_fwd, T_bwd, T_step (one rank's model, no
 communication; T_step(shard) runs the optimizer over 1/p of the parameters) and
 the collectives of all buckets launched back to back, alone: T_RS, T_AG, T_AR.
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
-  ideal of ddp / wfbp          T_fwd + max(T_bwd, T_AR) + T_step
-  ideal of dear                max(T_fwd, T_AG) + max(T_bwd, T_RS) + T_step(shard or full)
-  ideal of bytescheduler       max(T_fwd + T_bwd + T_step + T_AR(m0), T_AR)
+  ideal of a run               the run's schedule and options on dearcomm's simulated device
+                               (dearcomm.simulate: the executor and policy that train, on a
+                               virtual clock), fed these pieces: T_fwd, T_bwd and T_step split
+                               over the modules in proportion to their parameters, and each
+                               collective kind costing what all of the run's own buckets cost
+                               back to back (alpha 0, beta = T_RS, T_AG, T_AR over their bytes)
 T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning changes
 it); T_AR(m0) is the all-reduce, alone, of every bucket holding part of the input-side
-module's parameters: the next forward cannot start before all of them are reduced
-(benchmarks/README.md derives the bytescheduler ideal). efficiency = ideal / measured (1.0: the schedule
-hides all it can); speedup = DDP's median / the run's (> 1: faster than DDP).
+module's parameters (benchmarks/README.md derives what bytescheduler's ideal then is; the
+simulated device gives it, and any schedule's, without a formula per schedule).
+efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
+median / the run's (> 1: faster than DDP).
 Phases: each run's median forward+loss, backward and zero_grad+step wall time.
 CPU: this process's CPU time (all threads, gloo's included) per iteration, and the
 machine's softirq time (kernel packet work, charged to no process) per iteration.
@@ -279,6 +283,31 @@ def measure_collectives(args, layout, model):
     return out
 
 
+def simulated_ideal(name, args, model, pieces, comm, world):
+    """The run's ideal in seconds: its schedule and options on the simulated
+    device, with the measured pieces (see the module's docstring). ddp runs as
+    wfbp, its schedule, with its bucket size."""
+    schedule, update, partition, credit = parse_run(name)
+    bucket_mb = args.bucket_mb
+    if schedule == "ddp":
+        schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
+    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    numels = [[p.numel() for p in m.parameters(recurse=False) if p.requires_grad] for m in owners]
+    total = sum(map(sum, numels))
+    profile = [dearcomm.ModuleProfile(f"m{i}", 1e3 * pieces["fwd"] * sum(n) / total,
+                                      1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
+    frac = (world - 1) / world
+    per_kind = {}
+    for kind, key, passes in (("reduce_scatter", "rs", 1), ("all_gather", "ag", 1), ("all_reduce", "ar", 2)):
+        seconds_per_byte = comm[key] / (passes * frac * comm["bytes"])
+        per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
+    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind)
+    prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
+                                   step_ms=1e3 * pieces["step"], bucket_mb=bucket_mb, partition_mb=partition,
+                                   credit_mb=credit)
+    return prediction.iteration_ms / 1e3
+
+
 def layout_key(layout):
     return tuple(b.padded_numel for b in layout.buckets)
 
@@ -492,15 +521,8 @@ def main():
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     rows = {}
     for name, t in times.items():
-        schedule, update, partition, credit = parse_run(name)
         c = comm[comm_of[name]]
-        if schedule in ("ddp", "wfbp"):
-            ideal = pieces["fwd"] + max(pieces["bwd"], c["ar"]) + pieces["step"]
-        elif schedule == "dear":
-            step = pieces["step_shard"] if update == "sharded" else pieces["step"]
-            ideal = max(pieces["fwd"], c["ag"]) + max(pieces["bwd"], c["rs"]) + step
-        else:  # bytescheduler: comm hides behind backward and the next forward, except the first module's
-            ideal = max(compute + c["ar_m0"], c["ar"])
+        ideal = simulated_ideal(name, args, probe, pieces, c, world)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
