@@ -77,7 +77,36 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
 
 }  // namespace
 
+// core::Completion over a layout it owns, for Python's update hooks.
+struct PyCompletion {
+  core::Layout layout;
+  core::Completion completion{layout};
+  PyCompletion(const std::vector<std::pair<int64_t, int64_t>>& buckets,
+               const std::vector<std::pair<int64_t, int64_t>>& params) {
+    for (const auto& [first_param, num_params] : buckets) {
+      layout.buckets.push_back({first_param, num_params, 0});
+    }
+    for (const auto& [first_bucket, last_bucket] : params) {
+      layout.params.push_back({first_bucket, last_bucket});
+    }
+    layout.check();
+    completion.reset();
+  }
+};
+
 void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py::handle&)) {
+  py::class_<PyCompletion>(m, "Completion",
+      "A parameter is complete when the last of its buckets is (csrc/core/layout.h): report each bucket once "
+      "per round with done(b); each parameter comes back once, with the last of its buckets.")
+      .def(py::init<const std::vector<std::pair<int64_t, int64_t>>&, const std::vector<std::pair<int64_t, int64_t>>&>(),
+           py::arg("buckets"), py::arg("params"),
+           "buckets: (first_param, num_params) each; params: (first_bucket, last_bucket) each")
+      .def("reset", [](PyCompletion& c) { c.completion.reset(); })
+      .def("done", [](PyCompletion& c, int64_t bucket) {
+        TORCH_CHECK_INDEX(bucket >= 0 && bucket < c.layout.num_buckets(), "dearcomm: bucket ", bucket, " out of range");
+        return c.completion.done(bucket);
+      }, py::arg("bucket"));
+
   m.def("simulate",
         [to_scalar_type](const BucketLayout& layout, const py::object& comm_dtype,
                          const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,

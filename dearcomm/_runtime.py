@@ -78,14 +78,12 @@ def buckets_of(slot) -> range:
     return range(slot.bucket, slot.last_bucket + 1)
 
 
-def params_completed(layout, bucket: int, unreported: List[int]) -> List[int]:
-    """The parameters overlapping ``bucket`` none of whose buckets is in
-    ``unreported``. Reporting buckets one by one, each removed from
-    ``unreported`` before this call, names every parameter exactly once: with
-    the last of its buckets."""
-    spec = layout.buckets[bucket]
-    return [i for i in range(spec.first_param, spec.first_param + spec.num_params)
-            if not any(b in unreported for b in buckets_of(layout.params[i]))]
+def completion_of(layout) -> "_C.Completion":
+    """The executor's rule, "a parameter is complete when the last of its
+    buckets is" (csrc/core/layout.h), over ``layout``: done(b) returns each
+    parameter once, with the last of its buckets reported."""
+    return _C.Completion([(b.first_param, b.num_params) for b in layout.buckets],
+                         [(s.bucket, s.last_bucket) for s in layout.params])
 
 
 def _weak_hook(method):
@@ -127,6 +125,7 @@ class DearRuntime:
         self._update_hooks: Dict[int, UpdateHook] = {}
         self._next_hook_id = 0
         self._unreported: List[int] = []  # buckets updated by the last step whose update hooks have not run
+        self._reported = None  # completion_of(layout): which parameters the hooks reported
         self._forward_handles: Dict[nn.Module, object] = {}
         self._handles = []
         self.closed = False  # close() was called
@@ -256,6 +255,9 @@ class DearRuntime:
         if not self._update_hooks:
             return
         self._unreported = list(range(len(self.engine.layout.buckets)))
+        if self._reported is None:
+            self._reported = completion_of(self.engine.layout)
+        self._reported.reset()
         if self.engine.state != _C.IterationState.GATHERING:
             self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
 
@@ -267,7 +269,7 @@ class DearRuntime:
             if bucket not in self._unreported:
                 continue
             self._unreported.remove(bucket)
-            params = [self.params[i] for i in params_completed(self.engine.layout, bucket, self._unreported)]
+            params = [self.params[i] for i in self._reported.done(bucket)]
             if params:
                 for hook in list(self._update_hooks.values()):
                     hook([(self.names[p], p) for p in params])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dearcomm import _C
-from dearcomm._runtime import buckets_of, params_completed
+from dearcomm._runtime import buckets_of, completion_of
 from dearcomm._update import STRATEGIES, UpdateStrategy, strategy_class
 from dearcomm._update.sharded_state import assemble_params
 
@@ -147,10 +147,10 @@ def test_consolidation_assembles_from_a_planned_layout():
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 1, 0], [1, 0, 2], [1, 2, 0]])
 def test_update_hooks_name_each_parameter_once_with_the_last_of_its_buckets(order):
     layout = SpanningLayout([5, 10, 3], capacity=8, world_size=2)
-    unreported, reported = list(range(len(layout.buckets))), []
+    unreported, reported, completion = list(range(len(layout.buckets))), [], completion_of(layout)
     for bucket in order:
         unreported.remove(bucket)
-        for i in params_completed(layout, bucket, unreported):
+        for i in completion.done(bucket):
             assert bucket in buckets_of(layout.params[i])
             assert not set(buckets_of(layout.params[i])) & set(unreported)
             reported.append(i)
