@@ -1,14 +1,14 @@
 // The seam between *what* a schedule communicates and *how* it is done.
 //
 // A SchedulePolicy turns the events of one iteration into collectives; the
-// Engine (the executor) owns buffers, ready counts, backend calls, waits and
-// tracing, and issues exactly the ops a policy returns, in the order returned.
+// executor (core/executor.h) keeps ready counts and states and has a device
+// issue exactly the ops a policy returns, in the order returned.
 //
 // A policy holds no tensors, calls no backend and decides only from inputs
 // that are the same on every rank (bucket indices and the event order the
 // executor derives from them), so every rank issues the same collectives in
-// the same order — and a simulator can later run the very same policy on a
-// virtual clock.
+// the same order — and the simulated device (sim/) runs the very same policy
+// on a virtual clock.
 #pragma once
 
 #include <cstdint>

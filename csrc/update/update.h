@@ -40,7 +40,8 @@ class Update {
   virtual void allocate(BucketBuffers& /*bucket*/, const BucketSpec& /*spec*/, int64_t /*rank*/) const {}
 
   // ---- an iteration -------------------------------------------------------
-  // start_gathers() makes the parameters views into the gathered buffers.
+  // The first step() that leaves gathers pending makes the parameters views
+  // into the gathered buffers.
   virtual bool binds_parameters() const { return false; }
   // The all-gather's (input, output); refreshes the input first if needed.
   virtual std::pair<at::Tensor, at::Tensor> gather(BucketBuffers& bucket) const = 0;
