@@ -125,7 +125,7 @@ class DearRuntime:
         self._update_hooks: Dict[int, UpdateHook] = {}
         self._next_hook_id = 0
         self._unreported: List[int] = []  # buckets updated by the last step whose update hooks have not run
-        self._reported = None  # completion_of(layout): which parameters the hooks reported
+        self._reported: Optional[_C.Completion] = None  # which parameters the update hooks reported
         self._forward_handles: Dict[nn.Module, object] = {}
         self._handles = []
         self.closed = False  # close() was called
@@ -255,8 +255,6 @@ class DearRuntime:
         if not self._update_hooks:
             return
         self._unreported = list(range(len(self.engine.layout.buckets)))
-        if self._reported is None:
-            self._reported = completion_of(self.engine.layout)
         self._reported.reset()
         if self.engine.state != _C.IterationState.GATHERING:
             self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
@@ -328,6 +326,7 @@ class DearRuntime:
             self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
             self.options.comm_dtype, grad_views_enabled(), self.options.credit_bytes,
         )
+        self._reported = completion_of(layout)
         # A model dropped right after step() still has all-gathers in flight
         # into the engine's buffers: they must finish before the engine goes.
         self._drain = weakref.finalize(self._module, _drain, self.engine)

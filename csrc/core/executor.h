@@ -78,7 +78,9 @@ class Executor {
   const Layout& layout() const { return layout_; }
   // Buckets a forward needed before their gather was issued (stays 0).
   int64_t prefetch_misses() const { return prefetch_misses_; }
-  StateMachine& machine() { return machine_; }
+  // The state changes (core/states.h), recorded while on; off by default.
+  void set_recording(bool on) { machine_.set_recording(on); }
+  std::vector<Transition> take_records() { return machine_.take_records(); }
 
  private:
   void begin_backward();

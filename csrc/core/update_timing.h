@@ -14,11 +14,19 @@
 
 #include "schedule/policy.h"
 
+#include <cstdint>
+
 namespace dearcomm::core {
 
 struct UpdateTiming {
   bool averages_to_grad = false;     // at each reduction's wait
   bool update_when_current = false;  // at each bucket's arrival in the forward
+  // What step() itself updates: nothing (each parameter is updated before
+  // use), this rank's shard, or every parameter.
+  enum class AtStep { kNothing, kShard, kEverything };
+  AtStep at_step = AtStep::kEverything;
+  // That share of the model's parameters, at `world_size` ranks.
+  double share_at_step(int64_t world_size) const;
 };
 
 UpdateTiming update_timing(UpdateStrategy strategy);

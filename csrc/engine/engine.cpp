@@ -6,7 +6,6 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
-#include <sstream>
 
 namespace dearcomm {
 
@@ -379,7 +378,7 @@ void Engine::finish_reduction(int64_t b) {
     }
     trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
     if (link_meter_) {
-      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), buckets_[b].grads.nbytes());
+      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), bucket.grads.nbytes());
     }
   }
   bucket.pending.reset();

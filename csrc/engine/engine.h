@@ -164,8 +164,8 @@ class Engine final : private core::Device {
   IterationState state() const { return core_->state(); }
   BucketState bucket_state(int64_t bucket) const { return core_->bucket_state(bucket); }
   // The executor's state changes, in order (core/states.h); off by default.
-  void set_recording(bool on) { core_->machine().set_recording(on); }
-  std::vector<Transition> take_records() { return core_->machine().take_records(); }
+  void set_recording(bool on) { core_->set_recording(on); }
+  std::vector<Transition> take_records() { return core_->take_records(); }
   const CommBackend& backend() const { return *backend_; }
   // The link model this backward's policy got (bytes drained before each
   // tick, engine/link_meter.h); empty where there is none.

@@ -34,19 +34,6 @@ void Profile::check(int64_t num_params) const {
   }
 }
 
-namespace {
-
-// The share of step_s that step() itself spends updating.
-double step_share(UpdateStrategy strategy, int64_t world_size) {
-  switch (strategy) {
-    case UpdateStrategy::kShardedAtStep: return 1.0 / static_cast<double>(world_size);
-    case UpdateStrategy::kFullAfterReduction: return 1.0;
-    case UpdateStrategy::kReplicatedBeforeUse: return 0.0;  // per parameter, before its forward
-  }
-  return 1.0;
-}
-
-}  // namespace
 
 Result simulate(const core::Layout& layout, const Profile& profile, std::unique_ptr<SchedulePolicy> policy,
                 const CostModel& cost, int64_t iterations) {
@@ -65,14 +52,14 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
     }
     module_buckets.emplace_back(buckets.begin(), buckets.end());
   }
-  const double step_s = profile.step_s * step_share(policy->update_strategy(), cost.world_size());
   SimDevice device(layout, profile, cost, policy->uses_link_model());
   std::vector<std::string> names;
   for (int64_t p = 0; p < layout.num_params(); ++p) {
     names.push_back(core::concat("param ", p));
   }
   core::Executor executor(layout, std::move(names), std::move(policy), device, 0);
-  executor.machine().set_recording(true);
+  const double step_s = profile.step_s * executor.timing().share_at_step(cost.world_size());
+  executor.set_recording(true);
 
   Result result;
   auto forward = [&] {
@@ -105,7 +92,7 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
   result.iteration_s = starts[starts.size() - 1] - starts[starts.size() - 2];
   result.ops = device.ops();
   result.spans = device.spans();
-  result.records = executor.machine().take_records();
+  result.records = executor.take_records();
   return result;
 }
 
