@@ -79,14 +79,12 @@ std::shared_ptr<Engine> make_engine(
     std::vector<at::Tensor> params,
     std::vector<std::string> names,
     c10::intrusive_ptr<c10d::ProcessGroup> group,
-    const std::string& schedule,
-    const std::string& update,
+    const ScheduleChoice& schedule,
     double timeout_seconds,
     const py::object& backend_capsule,
     const py::object& comm_dtype,
-    bool grad_views,
-    int64_t credit_bytes) {
-  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update, credit_bytes);  // raises for unknown names
+    bool grad_views) {
+  std::unique_ptr<SchedulePolicy> policy = schedule.make_policy();
   EngineOptions options;
   options.grad_views = grad_views;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000.0));
@@ -141,7 +139,9 @@ py::list as_python(const std::vector<Op>& ops) {
 py::dict policy_ops(const std::string& schedule, const std::string& update,
                     const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& eligible_order,
                     int64_t credit_bytes, const std::vector<int64_t>& drained) {
-  std::unique_ptr<SchedulePolicy> policy = make_policy(schedule, update, credit_bytes);
+  std::unique_ptr<SchedulePolicy> policy =
+      resolve_schedule(schedule, update, credit_bytes ? std::optional<int64_t>(credit_bytes) : std::nullopt)
+          .make_policy();
   py::list events;
   policy->begin_iteration(bucket_bytes, drained);
   for (int64_t bucket : eligible_order) {
@@ -200,6 +200,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("schedules", &schedules,
         "The schedule registry, the one list of schedule names: [{name, summary, updates: {update: strategy}, "
         "default_update}, ...].");
+  py::class_<ScheduleChoice>(m, "ScheduleChoice",
+      "wrap(schedule=, update=, credit_mb=) resolved against the registry (resolve_schedule): what an Engine "
+      "or a simulation is built from.")
+      .def_property_readonly("schedule", [](const ScheduleChoice& c) { return c.schedule->name; })
+      .def_property_readonly("summary", [](const ScheduleChoice& c) { return c.schedule->summary; })
+      .def_property_readonly("update", [](const ScheduleChoice& c) { return c.update->name; })
+      .def_property_readonly("update_strategy", [](const ScheduleChoice& c) { return to_string(c.update->strategy); },
+                             "The update strategy's name, e.g. 'sharded_at_step' (dearcomm._update has its class).")
+      .def_property_readonly("default_partition_bytes",
+                             [](const ScheduleChoice& c) { return c.schedule->default_partition_bytes; },
+                             "partition_mb=None means this; INT64_MAX: never split.")
+      .def_property_readonly("credit_bytes", [](const ScheduleChoice& c) { return c.config.credit_bytes; },
+                             "The policy's credit, the schedule's default filled in (0: the schedule has none).")
+      .def("__repr__", [](const ScheduleChoice& c) {
+        return "ScheduleChoice(schedule='" + c.schedule->name + "', update='" + c.update->name +
+            "', credit_bytes=" + std::to_string(c.config.credit_bytes) + ")";
+      });
+  m.def("resolve_schedule", &resolve_schedule, py::arg("schedule"), py::arg("update") = py::none(),
+        py::arg("credit_bytes") = py::none(),
+        "The registry's entry for wrap(schedule=, update=, credit_mb=); raises ValueError (unknown name, a credit "
+        "the schedule has no use for) or NotImplementedError (an update the schedule lacks).");
   m.doc() = "dearcomm engine: fused buckets, decoupled reduce-scatter / all-gather schedules";
 
   py::class_<ParamSlot>(m, "ParamSlot")
@@ -308,9 +329,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("backend"), py::arg("sources"), py::arg("offsets"), py::arg("flat"), py::arg("scale") = 1.0, release());
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init(&make_engine), py::arg("layout"), py::arg("params"), py::arg("names"),
-           py::arg("process_group"), py::arg("schedule"), py::arg("update"), py::arg("timeout_seconds"),
-           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none(), py::arg("grad_views") = true,
-           py::arg("credit_bytes") = 0)
+           py::arg("process_group"), py::arg("schedule"), py::arg("timeout_seconds"),
+           py::arg("backend") = py::none(), py::arg("comm_dtype") = py::none(), py::arg("grad_views") = true)
       .def("mark_grad_ready", &Engine::mark_grad_ready, release())
       .def("missing_grads", &Engine::missing_grads)
       .def("check_backward_complete", &Engine::check_backward_complete)

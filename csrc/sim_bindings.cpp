@@ -27,8 +27,7 @@ sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& c
 
 py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
-                  double step_s, const std::vector<int64_t>& param_numels, const std::string& schedule,
-                  const std::string& update, int64_t credit_bytes,
+                  double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                   const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations) {
   sim::Profile profile;
   for (const auto& [name, forward_s, backward_s, params] : modules) {
@@ -41,7 +40,7 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
-    result = sim::simulate(core_layout(layout, comm_dtype), profile, make_policy(schedule, update, credit_bytes), cost,
+    result = sim::simulate(core_layout(layout, comm_dtype), profile, schedule.make_policy(), cost,
                            iterations);
   }
   py::list ops;
@@ -110,16 +109,14 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
   m.def("simulate",
         [to_scalar_type](const BucketLayout& layout, const py::object& comm_dtype,
                          const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
-                         double step_s, const std::vector<int64_t>& param_numels, const std::string& schedule,
-                         const std::string& update, int64_t credit_bytes,
+                         double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                          const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
-          return simulate(layout, dtype, modules, step_s, param_numels, schedule, update, credit_bytes, costs,
-                          iterations);
+          return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
-        py::arg("schedule"), py::arg("update"), py::arg("credit_bytes"), py::arg("costs"), py::arg("iterations"),
+        py::arg("schedule"), py::arg("costs"), py::arg("iterations"),
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
 }
 

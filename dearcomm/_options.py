@@ -11,10 +11,10 @@ import torch.distributed as dist
 
 from . import _C
 
-# The C++ schedule registry is the one list of schedules and their updates.
-_REGISTRY = {entry["name"]: entry for entry in _C.schedules()}
-SCHEDULES = tuple(_REGISTRY)
-UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY.values() for u in entry["updates"]))
+# The C++ schedule registry is the one list of schedules, their updates and
+# options; WrapOptions resolves the user's names against it once (choice).
+SCHEDULES = tuple(entry["name"] for entry in _C.schedules())
+UPDATES = tuple(dict.fromkeys(u for entry in _C.schedules() for u in entry["updates"]))
 INT64_MAX = 2**63 - 1
 
 
@@ -100,6 +100,10 @@ class WrapOptions:
     running statistics) to every rank, so all ranks keep the same. False: each
     rank keeps its own buffers."""
 
+    choice: _C.ScheduleChoice = dataclasses.field(init=False, repr=False, compare=False)
+    """schedule, update and credit_mb resolved against the registry: what the
+    engine (or a simulation) is built from."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.broadcast_buffers, bool):
             raise TypeError(f"dearcomm: broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
@@ -111,22 +115,14 @@ class WrapOptions:
         if self.blocks is not None:
             object.__setattr__(self, "blocks", _checked_blocks(self.blocks))  # a copy: later edits don't count
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
-        if not isinstance(self.schedule, str) or self.schedule not in _REGISTRY:
-            raise ValueError(f"dearcomm: unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
-        entry = _REGISTRY[self.schedule]
-        if self.update is None:
-            object.__setattr__(self, "update", entry["default_update"])
-        if not isinstance(self.update, str) or self.update not in UPDATES:
-            raise ValueError(f"dearcomm: unknown update {self.update!r}; expected one of {UPDATES}")
-        if self.update not in entry["updates"]:
-            raise NotImplementedError(
-                f"dearcomm: schedule={self.schedule!r} with update={self.update!r} is not supported: "
-                f"{self.schedule} ({entry['summary']}) has update={' or '.join(map(repr, entry['updates']))}. "
-                f"Valid combinations: {_valid_combinations()}.")
-        if self.credit_mb is not None and not entry["default_credit_bytes"]:
-            with_credit = [name for name, e in _REGISTRY.items() if e["default_credit_bytes"]]
-            raise ValueError(f"dearcomm: schedule={self.schedule!r} has no credit; credit_mb applies to "
-                             f"schedule={' or '.join(map(repr, with_credit))}")
+        for name in ("schedule", "update"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (name == "update" and value is None):
+                raise TypeError(f"dearcomm: {name} must be a name (str), got {value!r}")
+        choice = _C.resolve_schedule(self.schedule, self.update,
+                                     None if self.credit_mb is None else max(1, _mib_to_bytes(self.credit_mb)))
+        object.__setattr__(self, "choice", choice)
+        object.__setattr__(self, "update", choice.update)
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")
@@ -144,19 +140,14 @@ class WrapOptions:
         """When the optimizer runs, as the registry names it ("sharded_at_step",
         "replicated_before_use", "full_after_reduction"); dearcomm._update
         holds the object of each."""
-        return _REGISTRY[self.schedule]["updates"][self.update]
+        return self.choice.update_strategy
 
     @property
     def partition_bytes(self) -> int:
         """The planner's partition size (INT64_MAX: never split)."""
         if self.partition_mb is None:
-            return _REGISTRY[self.schedule]["default_partition_bytes"]
+            return self.choice.default_partition_bytes
         return max(1, _mib_to_bytes(self.partition_mb))
-
-    @property
-    def credit_bytes(self) -> int:
-        """The policy's credit (0: the schedule's default, or none)."""
-        return 0 if self.credit_mb is None else max(1, _mib_to_bytes(self.credit_mb))
 
     @property
     def bucket_cap_bytes(self) -> int:
@@ -186,13 +177,6 @@ def check_clip_arguments(max_norm, norm_type, name: str = "max_norm") -> None:
         raise ValueError(f"dearcomm: {name} must be a number >= 0 (inf clips nothing), got {max_norm!r}")
     if not _is_number(norm_type) or not norm_type > 0:
         raise ValueError(f"dearcomm: norm_type must be a positive number or inf, got {norm_type!r}")
-
-
-def _valid_combinations() -> str:
-    return "; ".join(
-        f"schedule={name!r} with update=" + " or ".join(
-            repr(u) + (" (default)" if u == entry["default_update"] else "") for u in entry["updates"])
-        for name, entry in _REGISTRY.items())
 
 
 def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:

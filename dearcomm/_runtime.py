@@ -323,8 +323,8 @@ class DearRuntime:
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
-            self.options.schedule, self.options.update, self.timeout.total_seconds(), backend,
-            self.options.comm_dtype, grad_views_enabled(), self.options.credit_bytes,
+            self.options.choice, self.timeout.total_seconds(), backend, self.options.comm_dtype,
+            grad_views_enabled(),
         )
         self._reported = completion_of(layout)
         # A model dropped right after step() still has all-gathers in flight

@@ -139,8 +139,8 @@ def simulate(profile: Sequence[ModuleProfile], *, world_size: int, network: Netw
     if not numels:
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
     layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes)
-    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.schedule, options.update,
-                      options.credit_bytes, network.costs(), iterations)
+    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.choice, network.costs(),
+                      iterations)
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

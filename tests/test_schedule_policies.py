@@ -213,7 +213,7 @@ def test_wrap_options_accept_exactly_the_registered_combinations():
     ("wfbp", "sharded", NotImplementedError, "schedule='wfbp' with update='sharded' is not supported"),
 ])
 def test_engine_side_resolves_names_through_the_same_registry(schedule, update, error, message):
-    # make_engine and policy_ops both build their policy with make_policy.
+    # Engines, simulations and policy_ops all resolve names with resolve_schedule.
     with pytest.raises(error, match=message):
         _C._testing.policy_ops(schedule, update, [100], [0])
 

@@ -39,8 +39,8 @@ def traced_engine(sizes, cap_bytes, world_size, schedule, update, credit):
     """An engine over fp32 parameters of `sizes`, tracing its collectives."""
     layout = _C.plan_buckets(sizes, [torch.float32] * len(sizes), cap_bytes, world_size)
     params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
-    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(sizes))], dist.group.WORLD, schedule, update,
-                       60.0, credit_bytes=credit)
+    engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(sizes))], dist.group.WORLD,
+                       _C.resolve_schedule(schedule, update, credit or None), 60.0)
     engine.set_tracing(True)
     return layout, engine
 
@@ -135,7 +135,8 @@ def simulated_records(world_size, schedule, update, credit):
     layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
     modules = [(f"m{i}", 0.0, 0.0, [i]) for i in range(len(SIZES))]  # one parameter each; backward: last first
     costs = {kind: (1e-5, 1e-9) for kind in ("reduce_scatter", "all_gather", "all_reduce")}
-    result = _C.simulate(layout, None, modules, 0.0, SIZES, schedule, update, credit, costs, 1)
+    result = _C.simulate(layout, None, modules, 0.0, SIZES, _C.resolve_schedule(schedule, update, credit or None),
+                         costs, 1)
     return result["records"]
 
 

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace dearcomm {
@@ -37,44 +38,72 @@ const std::vector<ScheduleInfo>& schedule_registry() {
 
 namespace {
 
-std::string valid_combinations() {
-  std::ostringstream out;
-  for (const ScheduleInfo& info : schedule_registry()) {
-    for (const UpdateOption& update : info.updates) {
-      out << (out.tellp() > 0 ? ", " : "") << "schedule='" << info.name << "' with update='" << update.name << "'";
-    }
+std::string quoted(const std::string& name) {
+  return "'" + name + "'";
+}
+
+std::string joined(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += (i ? separator : "") + items[i];
   }
-  return out.str();
+  return out;
+}
+
+// "schedule='dear' with update='sharded' (default) or 'replicated'; ..."
+std::string valid_combinations() {
+  std::vector<std::string> combinations;
+  for (const ScheduleInfo& info : schedule_registry()) {
+    std::vector<std::string> updates;
+    for (const UpdateOption& option : info.updates) {
+      updates.push_back(quoted(option.name) + (option.name == info.default_update ? " (default)" : ""));
+    }
+    combinations.push_back("schedule=" + quoted(info.name) + " with update=" + joined(updates, " or "));
+  }
+  return joined(combinations, "; ");
 }
 
 }  // namespace
 
-std::unique_ptr<SchedulePolicy> make_policy(const std::string& schedule, const std::string& update,
-                                            int64_t credit_bytes) {
-  const ScheduleInfo* info = nullptr;
-  bool known_update = false;
-  for (const ScheduleInfo& candidate : schedule_registry()) {
-    info = candidate.name == schedule ? &candidate : info;
-    for (const UpdateOption& option : candidate.updates) {
-      known_update = known_update || option.name == update;
+ScheduleChoice resolve_schedule(const std::string& schedule, const std::optional<std::string>& update,
+                                std::optional<int64_t> credit_bytes) {
+  std::vector<std::string> schedules;  // quoted, in registry order
+  std::vector<std::string> updates;    // every update name, quoted, in registry order
+  std::vector<std::string> with_credit;
+  ScheduleChoice choice;
+  for (const ScheduleInfo& info : schedule_registry()) {
+    schedules.push_back(quoted(info.name));
+    choice.schedule = info.name == schedule ? &info : choice.schedule;
+    for (const UpdateOption& option : info.updates) {
+      if (std::find(updates.begin(), updates.end(), quoted(option.name)) == updates.end()) {
+        updates.push_back(quoted(option.name));
+      }
+    }
+    if (info.default_credit_bytes > 0) {
+      with_credit.push_back("schedule=" + quoted(info.name));
     }
   }
-  TORCH_CHECK_VALUE(info, "dearcomm: unknown schedule '", schedule, "'; valid: ", valid_combinations());
-  TORCH_CHECK_VALUE(known_update, "dearcomm: unknown update '", update, "'; valid: ", valid_combinations());
-  TORCH_CHECK_VALUE(credit_bytes >= 0, "dearcomm: the credit must be > 0 bytes, got ", credit_bytes);
-  TORCH_CHECK_VALUE(credit_bytes == 0 || info->default_credit_bytes > 0,
-      "dearcomm: schedule='", schedule, "' has no credit; credit_mb applies to schedules that queue their "
-      "collectives (schedule='bytescheduler')");
-  PolicyConfig config;
-  config.credit_bytes = credit_bytes > 0 ? credit_bytes : info->default_credit_bytes;
-  for (const UpdateOption& option : info->updates) {
-    if (option.name == update) {
-      return info->make(option.strategy, config);
-    }
+  TORCH_CHECK_VALUE(choice.schedule, "dearcomm: unknown schedule ", quoted(schedule), "; expected one of (",
+                    joined(schedules, ", "), ")");
+  const ScheduleInfo& info = *choice.schedule;
+  const std::string name = update.value_or(info.default_update);
+  TORCH_CHECK_VALUE(std::find(updates.begin(), updates.end(), quoted(name)) != updates.end(),
+                    "dearcomm: unknown update ", quoted(name), "; expected one of (", joined(updates, ", "), ")");
+  std::vector<std::string> own;
+  for (const UpdateOption& option : info.updates) {
+    choice.update = option.name == name ? &option : choice.update;
+    own.push_back(quoted(option.name));
   }
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "dearcomm: schedule='", schedule, "' with update='", update,
-      "' is not supported; valid: ", valid_combinations());
-  return nullptr;  // not reached
+  TORCH_CHECK_NOT_IMPLEMENTED(choice.update, "dearcomm: schedule=", quoted(schedule), " with update=", quoted(name),
+                              " is not supported: ", schedule, " (", info.summary, ") has update=",
+                              joined(own, " or "), ". Valid combinations: ", valid_combinations(), ".");
+  if (credit_bytes.has_value()) {
+    TORCH_CHECK_VALUE(info.default_credit_bytes > 0, "dearcomm: schedule=", quoted(schedule),
+                      " has no credit; credit_mb applies to ", joined(with_credit, " or "));
+    TORCH_CHECK_VALUE(*credit_bytes > 0, "dearcomm: the credit must be > 0 bytes, got ", *credit_bytes);
+  }
+  choice.config.credit_bytes = credit_bytes.value_or(info.default_credit_bytes);
+  return choice;
 }
 
 }  // namespace dearcomm

@@ -1,7 +1,8 @@
-// The one list of schedules: names, their update strategies and factories.
-// Python's option validation (dearcomm/_options.py, through _C.schedules())
-// and the engine's construction both read it, so adding a schedule is its own
-// file plus one entry in registry.cpp.
+// The one list of schedules: names, their update strategies, options and
+// factories. The user's names are resolved here once (resolve_schedule) into
+// a ScheduleChoice that Python keeps (WrapOptions.choice) and hands back to
+// build an engine or a simulation, so no name is parsed twice. Adding a
+// schedule is its own file plus one entry in registry.cpp.
 #pragma once
 
 #include "schedule/policy.h"
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,11 +39,21 @@ struct ScheduleInfo {
 
 const std::vector<ScheduleInfo>& schedule_registry();
 
-// The policy for wrap(schedule=, update=, credit_mb=). Raises ValueError for
-// an unknown name or a credit the schedule has no use for,
-// NotImplementedError (naming the valid combinations) for an update the
-// schedule does not support. credit_bytes 0: the schedule's default.
-std::unique_ptr<SchedulePolicy> make_policy(const std::string& schedule, const std::string& update,
-                                            int64_t credit_bytes = 0);
+// wrap(schedule=, update=, credit_mb=), resolved: entries of the registry and
+// the options with the schedule's defaults filled in.
+struct ScheduleChoice {
+  const ScheduleInfo* schedule = nullptr;
+  const UpdateOption* update = nullptr;
+  PolicyConfig config;
+
+  std::unique_ptr<SchedulePolicy> make_policy() const { return schedule->make(update->strategy, config); }
+};
+
+// Raises ValueError for an unknown name or a credit the schedule has no use
+// for, NotImplementedError (naming the valid combinations) for an update the
+// schedule does not support. No update: the schedule's default; no credit:
+// the schedule's default (if it has one).
+ScheduleChoice resolve_schedule(const std::string& schedule, const std::optional<std::string>& update,
+                                std::optional<int64_t> credit_bytes = std::nullopt);
 
 }  // namespace dearcomm
