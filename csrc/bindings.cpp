@@ -20,6 +20,7 @@ using namespace dearcomm;
 
 namespace dearcomm {
 void register_testing(py::module& parent);  // common_testing.cpp
+ScheduleChoice delayed_schedule_for_tests(const std::vector<int64_t>& delayed, int64_t delay);  // schedule/
 void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py::handle&));  // sim_bindings.cpp
 py::list transitions_to_list(const std::vector<Transition>& records);
 }
@@ -64,6 +65,7 @@ py::list dearcomm::transitions_to_list(const std::vector<Transition>& records) {
     d["sequence"] = t.sequence;
     d["state"] = to_string(t.iteration);
     d["bucket"] = t.bucket;
+    d["slot"] = t.slot;
     d["event"] = t.bucket < 0 ? to_string(static_cast<IterationEvent>(t.event))
                               : to_string(static_cast<BucketAction>(t.event));
     d["bucket_state"] = t.bucket < 0 ? py::none() : py::cast(std::string(to_string(t.bucket_state)));
@@ -193,6 +195,10 @@ PYBIND11_MODULE(_C, m) {
            py::arg("launched"), py::arg("completed"), py::arg("bytes"))
       .def("figures", &LinkMeter::figures)
       .def("model", &LinkMeter::model, py::arg("summed"), py::arg("world_size"));
+  m.attr("_testing").cast<py::module>().def("delayed_schedule", &delayed_schedule_for_tests,
+      py::arg("delayed_buckets"), py::arg("delay") = 1,
+      "wfbp with `delayed_buckets` applied `delay` iterations late (schedule/delayed_for_tests.cpp): a "
+      "ScheduleChoice for _C.Engine and _C.simulate.");
   py::class_<LateStamp>(m.attr("_testing").cast<py::module>(), "LateStamp",
       "A stamp without a time until set(ns): a GPU's stamp before the device passed it.")
       .def(py::init<>())

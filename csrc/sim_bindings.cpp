@@ -48,6 +48,7 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
     py::dict d;
     d["kind"] = to_string(op.kind);
     d["bucket"] = op.bucket;
+    d["slot"] = op.slot;
     d["iteration"] = op.iteration;
     d["issued_s"] = op.issued_s;
     d["start_s"] = op.start_s;

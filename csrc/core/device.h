@@ -30,13 +30,17 @@ class Device {
   // returns (.grad aliases the bucket): then they are waited for at its end.
   virtual bool reductions_read_user_memory() const { return false; }
 
-  // Issue the collective (a reduction packs the bucket's gradients first).
+  // Issue the collective on the op's buffer slot (a reduction packs the
+  // bucket's gradients into it first).
   virtual void issue(const Op& op) = 0;
   // Wait for it; a reduction also averages.
   virtual void wait(const Op& op) = 0;
   // full_after_reduction: `params`, whose last bucket is `bucket`, have their
-  // averages; they go to .grad.
-  virtual void averages_to_grad(int64_t bucket, const std::vector<int64_t>& params) = 0;
+  // averages in `slot`; they go to .grad.
+  virtual void averages_to_grad(int64_t bucket, int64_t slot, const std::vector<int64_t>& params) = 0;
+  // full_after_reduction, a delayed bucket before its first averages: step()
+  // applies nothing to `params` (their .grad is dropped).
+  virtual void no_averages(int64_t /*bucket*/, const std::vector<int64_t>& /*params*/) {}
   // The bucket's averages are in use (gathered, or all-reduced): to the
   // parameters' dtype where the update reads them.
   virtual void averages_in(int64_t bucket) = 0;

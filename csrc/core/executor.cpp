@@ -5,6 +5,26 @@
 #include <stdexcept>
 
 namespace dearcomm::core {
+namespace {
+
+std::vector<int64_t> delays_of(const SchedulePolicy* policy, int64_t num_buckets) {
+  std::vector<int64_t> delays(num_buckets, 0);
+  for (int64_t b = 0; policy && b < num_buckets; ++b) {
+    delays[b] = policy->delay(b);
+    DEARCOMM_CORE_CHECK(delays[b] >= 0, std::invalid_argument, "dearcomm: the schedule policy delays bucket ", b,
+                        " by ", delays[b], " iterations");
+  }
+  return delays;
+}
+
+std::vector<int64_t> plus_one(std::vector<int64_t> delays) {
+  for (int64_t& d : delays) {
+    d += 1;
+  }
+  return delays;
+}
+
+}  // namespace
 
 Executor::Executor(Layout layout, std::vector<std::string> names, std::unique_ptr<SchedulePolicy> policy,
                    Device& device, int rank)
@@ -15,7 +35,8 @@ Executor::Executor(Layout layout, std::vector<std::string> names, std::unique_pt
       rank_(rank),
       reduction_(policy_ ? policy_->reduction() : Collective::kAllReduce),
       timing_(policy_ ? update_timing(policy_->update_strategy()) : UpdateTiming{}),
-      machine_(layout_.num_buckets()),
+      delay_(delays_of(policy_.get(), layout_.num_buckets())),
+      machine_(plus_one(delay_)),
       grad_ready_(layout_.params.size(), false),
       ready_(layout_.buckets.size(), 0),
       reduced_(layout_),
@@ -28,11 +49,36 @@ Executor::Executor(Layout layout, std::vector<std::string> names, std::unique_pt
   for (const Layout::Bucket& bucket : layout_.buckets) {
     bucket_bytes_.push_back(bucket.bytes);
   }
+  check_delays();
+}
+
+// What delays are supported today: averages to .grad, where a late average
+// replaces what step() applies; parameters whose buckets share the delay.
+void Executor::check_delays() const {
+  bool any = false;
+  for (int64_t p = 0; p < layout_.num_params(); ++p) {
+    const Layout::Param& span = layout_.params[p];
+    for (int64_t b = span.first_bucket; b <= span.last_bucket; ++b) {
+      any = any || delay_[b] > 0;
+      DEARCOMM_CORE_CHECK(delay_[b] == delay_[span.first_bucket], std::invalid_argument, "dearcomm: parameter '",
+                          names_[p], "' spans buckets ", span.first_bucket, " to ", span.last_bucket,
+                          ", which the schedule policy delays differently");
+    }
+  }
+  DEARCOMM_CORE_CHECK(!any || (timing_.averages_to_grad &&
+                               policy_->reductions_waited() != ReductionsWaited::kInNextForward),
+                      std::invalid_argument, "dearcomm: a schedule policy delays buckets with update strategy ",
+                      to_string(policy_->update_strategy()), " and reductions waited ",
+                      to_string(policy_->reductions_waited()), "; delays need full_after_reduction, waited by step()");
+}
+
+int64_t Executor::slot(int64_t bucket, int64_t iteration) const {
+  return iteration < 0 ? 0 : iteration % num_slots(bucket);
 }
 
 BucketState Executor::bucket_state(int64_t bucket) const {
   check_bucket_index(bucket);
-  return machine_.bucket(bucket);
+  return machine_.bucket(bucket, this_slot(bucket));
 }
 
 void Executor::check_bucket_index(int64_t bucket) const {
@@ -82,10 +128,11 @@ void Executor::grad_ready(int64_t param) {
 
 void Executor::begin_backward() {
   std::vector<int64_t> link_model = device_.begin_backward();  // first: if it raises, no backward has begun
+  iteration_ += 1;
   grad_ready_.assign(grad_ready_.size(), false);
   ready_.assign(ready_.size(), 0);
   for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    machine_.on(b, BucketAction::kBackwardBegins);
+    machine_.on(b, this_slot(b), BucketAction::kBackwardBegins);
   }
   reduced_.reset();
   next_eligible_ = 0;
@@ -95,15 +142,16 @@ void Executor::begin_backward() {
 }
 
 void Executor::issue(const std::vector<Op>& ops) {
-  for (const Op& op : ops) {
+  for (Op op : ops) {
     check_bucket_index(op.bucket);
-    const BucketState state = machine_.bucket(op.bucket);
+    op.slot = this_slot(op.bucket);
+    const BucketState state = machine_.bucket(op.bucket, op.slot);
     if (op.kind == Collective::kAllGather) {
       DEARCOMM_CORE_CHECK(!timing_.averages_to_grad && state == BucketState::kReduced, std::runtime_error,
                           "dearcomm: the schedule policy all-gathers bucket ", op.bucket, " in bucket state ",
                           to_string(state));
       device_.issue(op);
-      machine_.on(op.bucket, BucketAction::kIssueGather);
+      machine_.on(op.bucket, op.slot, BucketAction::kIssueGather);
       next_gather_ = op.bucket + 1;
     } else {
       DEARCOMM_CORE_CHECK(op.kind == reduction_ && state == BucketState::kFilling &&
@@ -112,7 +160,7 @@ void Executor::issue(const std::vector<Op>& ops) {
                           " of bucket ", op.bucket, " in bucket state ", to_string(state), " (its reduction is ",
                           to_string(reduction_), " once every gradient of the bucket arrived)");
       device_.issue(op);
-      machine_.on(op.bucket, BucketAction::kIssueReduction);
+      machine_.on(op.bucket, op.slot, BucketAction::kIssueReduction);
     }
   }
 }
@@ -153,7 +201,7 @@ void Executor::end_backward() {
   backward_ended_ = true;
   issue(policy_->at_end_of_backward());
   for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    DEARCOMM_CORE_CHECK(machine_.bucket(b) != BucketState::kFilling, std::runtime_error,
+    DEARCOMM_CORE_CHECK(machine_.bucket(b, this_slot(b)) != BucketState::kFilling, std::runtime_error,
                         "dearcomm: the schedule policy never issued the reduction of bucket ", b);
   }
   device_.reductions_issued();
@@ -176,16 +224,42 @@ void Executor::finish_reductions() {
     return;  // end_backward waited for them
   }
   for (int64_t b = layout_.num_buckets() - 1; b >= 0; --b) {
-    wait_reduction(b);
+    use_averages(b);
   }
   machine_.on(IterationEvent::kReductionsWaited);
 }
 
-void Executor::wait_reduction(int64_t b) {
-  device_.wait({reduction_, b});
-  machine_.on(b, BucketAction::kWaitReduction);
-  if (timing_.averages_to_grad) {
-    device_.averages_to_grad(b, reduced_.done(b));
+void Executor::wait_reduction(int64_t b, int64_t slot) {
+  device_.wait({reduction_, b, slot});
+  machine_.on(b, slot, BucketAction::kWaitReduction);
+}
+
+// The averages this step applies of bucket `b`: those of the iteration its
+// delay points to (none yet in the first `delay` iterations). A flush may
+// have waited for them already.
+void Executor::use_averages(int64_t b) {
+  const int64_t due = iteration_ - delay_[b];
+  const int64_t due_slot = slot(b, due);
+  if (due >= 0 && machine_.bucket(b, due_slot) == BucketState::kReducing) {
+    wait_reduction(b, due_slot);
+  }
+  if (!timing_.averages_to_grad) {
+    return;
+  }
+  const std::vector<int64_t> params = reduced_.done(b);
+  if (due >= 0) {
+    device_.averages_to_grad(b, due_slot, params);
+  } else {
+    device_.no_averages(b, params);
+  }
+}
+
+// step() is over without gathers: the slot whose averages it applied (or
+// skipped) is free again.
+void Executor::step_done(int64_t b) {
+  const int64_t due = iteration_ - delay_[b];
+  if (due >= 0) {
+    machine_.on(b, slot(b, due), BucketAction::kStepDone);
   }
 }
 
@@ -208,7 +282,7 @@ void Executor::end_step() {
   const std::vector<Op> ops = policy_->at_step(layout_.num_buckets());
   if (ops.empty() && !in_forward) {
     for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-      machine_.on(b, BucketAction::kStepDone);  // the user's optimizer updated full parameters in step()
+      step_done(b);  // the user's optimizer updated full parameters in step()
     }
     machine_.on(IterationEvent::kStepDone);
     return;
@@ -228,7 +302,7 @@ void Executor::skip_step() {
                       "dearcomm: a step can be skipped only after the reductions finished, state is ",
                       to_string(state()));
   for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    machine_.on(b, BucketAction::kStepDone);  // nothing was updated: the parameters are still current
+    step_done(b);  // nothing was updated: the parameters are still current
   }
   machine_.on(IterationEvent::kStepDone);
 }
@@ -247,13 +321,29 @@ void Executor::require_bucket(int64_t b) {
     issue({{Collective::kAllGather, next_gather_}});
   }
   make_current(b);
-  if (machine_.all(BucketState::kCurrent)) {
+  if (all_current()) {
     machine_.on(IterationEvent::kAllCurrent);
   }
 }
 
+bool Executor::all_current() const {
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    if (machine_.bucket(b, this_slot(b)) != BucketState::kCurrent) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void Executor::flush() {
   device_.settle();
+  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+    for (int64_t s = 0; delay_[b] > 0 && s < num_slots(b); ++s) {
+      if (machine_.bucket(b, s) == BucketState::kReducing) {
+        wait_reduction(b, s);  // its averages wait in the slot for their step
+      }
+    }
+  }
   if (state() != IterationState::kGathering) {
     return;
   }
@@ -267,15 +357,16 @@ void Executor::flush() {
 }
 
 void Executor::make_current(int64_t b) {
-  if (machine_.bucket(b) == BucketState::kReducing) {  // a reduction left running by step() (kInNextForward)
-    wait_reduction(b);
+  const int64_t s = this_slot(b);
+  if (machine_.bucket(b, s) == BucketState::kReducing) {  // a reduction left running by step() (kInNextForward)
+    use_averages(b);
   }
-  if (machine_.bucket(b) == BucketState::kGathering) {
-    device_.wait({Collective::kAllGather, b});
-    machine_.on(b, BucketAction::kWaitGather);
+  if (machine_.bucket(b, s) == BucketState::kGathering) {
+    device_.wait({Collective::kAllGather, b, s});
+    machine_.on(b, s, BucketAction::kWaitGather);
     apply(b);
-  } else if (machine_.bucket(b) == BucketState::kReduced) {
-    machine_.on(b, BucketAction::kApply);
+  } else if (machine_.bucket(b, s) == BucketState::kReduced) {
+    machine_.on(b, s, BucketAction::kApply);
     apply(b);
   }
 }

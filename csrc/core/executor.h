@@ -15,6 +15,10 @@
 //   forward   module of bucket b starts -> wait AG(b) [replicated: update b]
 // Every pending gather is finished before the next backward's first reduction.
 //
+// A policy may delay a bucket (SchedulePolicy::delay): its reduction then
+// stays in flight across step() in its own buffer slot, and a later step()
+// applies it; the bucket's slots take turns, one per iteration.
+//
 // Single-threaded by contract: hooks and step() run on the training thread.
 #pragma once
 
@@ -68,11 +72,17 @@ class Executor {
   // ---- forward ---------------------------------------------------------
   // Makes bucket `bucket` current (waits for it, applies its update).
   void require_bucket(int64_t bucket);
-  // Makes every bucket current (eval, state_dict, sync()).
+  // Makes every bucket current (eval, state_dict, sync()) and leaves no
+  // reduction in flight: a delayed one's averages stay in its slot until the
+  // step that applies them.
   void flush();
 
   IterationState state() const { return machine_.iteration(); }
+  // Of the bucket's slot in this iteration.
   BucketState bucket_state(int64_t bucket) const;
+  // The buffer slot of bucket `bucket`'s gradients in backward `iteration`.
+  int64_t slot(int64_t bucket, int64_t iteration) const;
+  int64_t num_slots(int64_t bucket) const { return delay_.at(bucket) + 1; }
   const SchedulePolicy& policy() const { return *policy_; }
   const UpdateTiming& timing() const { return timing_; }
   const Layout& layout() const { return layout_; }
@@ -85,10 +95,15 @@ class Executor {
  private:
   void begin_backward();
   void issue(const std::vector<Op>& ops);
-  void wait_reduction(int64_t bucket);
+  void wait_reduction(int64_t bucket, int64_t slot);
+  void use_averages(int64_t bucket);
+  void step_done(int64_t bucket);
   void make_current(int64_t bucket);
   void apply(int64_t bucket);
+  bool all_current() const;
+  int64_t this_slot(int64_t bucket) const { return slot(bucket, iteration_); }
   void check_bucket_index(int64_t bucket) const;
+  void check_delays() const;
 
   Layout layout_;
   std::vector<std::string> names_;
@@ -97,8 +112,10 @@ class Executor {
   const int rank_;
   const Collective reduction_;
   const UpdateTiming timing_;
+  const std::vector<int64_t> delay_;   // per bucket, the policy's
   StateMachine machine_;
   std::vector<int64_t> bucket_bytes_;  // what the policy weighs
+  int64_t iteration_ = -1;             // the latest backward's number
 
   // This backward:
   std::vector<bool> grad_ready_;  // per parameter

@@ -91,13 +91,11 @@ const char* to_string(BucketAction action) {
   return "?";
 }
 
-bool StateMachine::all(BucketState state) const {
-  for (BucketState s : buckets_) {
-    if (s != state) {
-      return false;
-    }
+StateMachine::StateMachine(const std::vector<int64_t>& slots) {
+  for (int64_t n : slots) {
+    DEARCOMM_CORE_CHECK(n >= 1, std::invalid_argument, "dearcomm: a bucket has >= 1 buffer slots, got ", n);
+    buckets_.emplace_back(n, BucketState::kCurrent);
   }
-  return true;
 }
 
 bool StateMachine::allowed(BucketState from, BucketAction action) {
@@ -113,7 +111,7 @@ void StateMachine::on(IterationEvent event) {
   for (const IterationRow& row : kIterationTable) {
     if (row.from == iteration_ && row.event == event) {
       iteration_ = row.to;
-      record(-1, static_cast<int>(event), B::kCurrent);
+      record(-1, 0, static_cast<int>(event), B::kCurrent);
       return;
     }
   }
@@ -121,22 +119,22 @@ void StateMachine::on(IterationEvent event) {
                                       " in state ", to_string(iteration_)));
 }
 
-void StateMachine::on(int64_t bucket, BucketAction action) {
-  BucketState& state = buckets_.at(bucket);
+void StateMachine::on(int64_t bucket, int64_t slot, BucketAction action) {
+  BucketState& state = buckets_.at(bucket).at(slot);
   for (const BucketRow& row : kBucketTable) {
     if (row.from == state && row.action == action) {
       state = row.to;
-      record(bucket, static_cast<int>(action), state);
+      record(bucket, slot, static_cast<int>(action), state);
       return;
     }
   }
   throw std::logic_error(core::concat("dearcomm: internal error: ", to_string(action), " of bucket ", bucket,
-                                      " in bucket state ", to_string(state)));
+                                      " (slot ", slot, ") in bucket state ", to_string(state)));
 }
 
-void StateMachine::record(int64_t bucket, int event, BucketState state) {
+void StateMachine::record(int64_t bucket, int64_t slot, int event, BucketState state) {
   if (recording_) {
-    records_.push_back({sequence_, iteration_, bucket, event, state});
+    records_.push_back({sequence_, iteration_, bucket, slot, event, state});
   }
   sequence_ += 1;
 }

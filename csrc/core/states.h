@@ -20,12 +20,14 @@ enum class IterationState {
                // (all-gathers; bytescheduler: its reductions)
 };
 
+// Of a bucket's buffer slot (one per bucket unless its policy delays it,
+// SchedulePolicy::delay): its states are those of the gradients it holds.
 enum class BucketState {
   kFilling,    // waiting for gradients of its parameters
   kReducing,   // reduce-scatter / all-reduce in flight
   kReduced,    // averaged gradient (shard) ready
   kGathering,  // all-gather in flight
-  kCurrent,    // parameters up to date
+  kCurrent,    // parameters up to date (a slot: free, its averages applied)
 };
 
 const char* to_string(IterationState state);
@@ -59,22 +61,23 @@ struct Transition {
   int64_t sequence;
   IterationState iteration;  // the iteration's state after the change
   int64_t bucket;
+  int64_t slot;              // the bucket's buffer slot (0 for an iteration event)
   int event;                 // IterationEvent or BucketAction, by `bucket`
-  BucketState bucket_state;  // the bucket's state after the change (unused for iteration events)
+  BucketState bucket_state;  // the slot's state after the change (unused for iteration events)
 };
 
 class StateMachine {
  public:
-  explicit StateMachine(int64_t num_buckets) : buckets_(num_buckets, BucketState::kCurrent) {}
+  // `slots`: per bucket, how many buffer slots it has (>= 1).
+  explicit StateMachine(const std::vector<int64_t>& slots);
 
   IterationState iteration() const { return iteration_; }
-  BucketState bucket(int64_t b) const { return buckets_.at(b); }
+  BucketState bucket(int64_t b, int64_t slot) const { return buckets_.at(b).at(slot); }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
-  bool all(BucketState state) const;
 
   // Raise std::logic_error if the table has no such change.
   void on(IterationEvent event);
-  void on(int64_t bucket, BucketAction action);
+  void on(int64_t bucket, int64_t slot, BucketAction action);
   // Whether the table allows it (to give a clearer error first).
   static bool allowed(BucketState from, BucketAction action);
 
@@ -83,10 +86,10 @@ class StateMachine {
   std::vector<Transition> take_records();
 
  private:
-  void record(int64_t bucket, int event, BucketState state);
+  void record(int64_t bucket, int64_t slot, int event, BucketState state);
 
   IterationState iteration_ = IterationState::kIdle;
-  std::vector<BucketState> buckets_;
+  std::vector<std::vector<BucketState>> buckets_;  // per bucket, per slot
   int64_t sequence_ = 0;
   bool recording_ = false;
   std::vector<Transition> records_;

@@ -18,14 +18,24 @@ namespace dearcomm {
         std::string("dearcomm::") + (phase) + "[bucket " + std::to_string(bucket) + "]"); \
   }
 
-// A bucket's buffers (engine/buffers.h) and its collective in flight.
-struct Engine::Bucket : BucketBuffers {
+// A collective on one of a bucket's buffer slots.
+struct InFlight {
   std::unique_ptr<PendingCollective> pending;
   int64_t launched_ns = -1;  // timeline: when `pending` was launched
   std::shared_ptr<const Stamp> launch_stamp;  // link meter: the same, on the backend's clock
 };
 
-struct Engine::Flat : FlatBuffers {};
+// A bucket's buffers (engine/buffers.h) and its collectives in flight.
+struct Engine::Bucket : BucketBuffers {
+  // Per buffer slot, the gradients: [0] is `grads`; a bucket the policy
+  // delays has one more per iteration of delay (core/executor.h).
+  std::vector<at::Tensor> slot_grads;
+  std::vector<InFlight> in_flight;  // per slot
+};
+
+struct Engine::Flat : FlatBuffers {
+  std::vector<at::Tensor> slot_grads;  // [0] is `grads`; more as its most delayed bucket needs
+};
 
 namespace {
 // A tensor over `view`'s memory that is not an autograd view of it: it keeps
@@ -58,6 +68,9 @@ Engine::Engine(BucketLayout layout,
   TORCH_CHECK_VALUE(policy, "dearcomm: no schedule policy");
   reduction_ = policy->reduction();
   update_ = make_update(policy->update_strategy(), reduction_);  // raises if the reduction cannot feed it
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    slots_.push_back(std::max<int64_t>(1, policy->delay(static_cast<int64_t>(b)) + 1));
+  }
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
       params_.size(), " parameters and ", names_.size(), " names");
@@ -85,6 +98,10 @@ Engine::Engine(BucketLayout layout,
     bucket.gathered_comm = range(flat.gathered_comm);
     bucket.gathered = range(flat.gathered);
     bucket.params = range(flat.params);
+    for (int64_t s = 0; s < slots_[b]; ++s) {
+      bucket.slot_grads.push_back(range(flat.slot_grads.at(s)));
+    }
+    bucket.in_flight.resize(slots_[b]);
     if (reduction_ == Collective::kReduceScatter) {
       bucket.grad_shard = at::zeros({spec.shard_numel}, bucket.grads.options());
     }
@@ -118,10 +135,19 @@ void Engine::allocate_flat_buffers() {
     flat.grad_views = options_.grad_views && comm_dtype(static_cast<int64_t>(b)) == spec.dtype &&
                       pre_divide(static_cast<int64_t>(b)) == 1.0 && update_->grads_may_alias_buffer();
     update_->allocate(flat, numel, opts, comm);
+    flat.slot_grads.push_back(flat.grads);
+  }
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    Flat& flat = flats_[layout_.buckets[b].buffer];
+    while (static_cast<int64_t>(flat.slot_grads.size()) < slots_[b]) {
+      flat.slot_grads.push_back(at::zeros_like(flat.grads));
+    }
   }
   for (size_t p = 0; p < params_.size(); ++p) {
     const Flat& flat = flat_of(static_cast<int64_t>(p));
-    if (flat.grad_views) {
+    // Not in a delayed bucket: the next backward would accumulate into the
+    // slot its reduction still reads.
+    if (flat.grad_views && slots_[layout_.params[p].bucket] == 1) {
       grad_views_[p] = alias_with_own_version(param_view(flat.grads, static_cast<int64_t>(p)));
     }
     if (flat.params.defined()) {
@@ -242,7 +268,7 @@ void Engine::issue(const Op& op) {
   if (op.kind == Collective::kAllGather) {
     start_gather(op.bucket);
   } else {
-    start_reduction(op.bucket);
+    start_reduction(op.bucket, op.slot);
   }
 }
 
@@ -250,7 +276,7 @@ void Engine::wait(const Op& op) {
   if (op.kind == Collective::kAllGather) {
     finish_gather(op.bucket);
   } else {
-    finish_reduction(op.bucket);
+    finish_reduction(op.bucket, op.slot);
   }
 }
 
@@ -317,8 +343,9 @@ void Engine::check_backward_complete() const {
   core_->check_backward_complete();
 }
 
-void Engine::start_reduction(int64_t b) {
+void Engine::start_reduction(int64_t b, int64_t slot) {
   Bucket& bucket = buckets_[b];
+  InFlight& flight = bucket.in_flight.at(slot);
   const BucketSpec& spec = layout_.buckets[b];
   // A parameter is packed whole by the first of its buckets to go out (its
   // gradient is complete by then); a gradient that autograd accumulated into
@@ -339,7 +366,7 @@ void Engine::start_reduction(int64_t b) {
   }
   if (!sources.empty()) {
     DEARCOMM_RANGE("pack", b);
-    backend_->pack(sources, offsets, flats_[spec.buffer].grads, pre_divide(b));
+    backend_->pack(sources, offsets, flats_[spec.buffer].slot_grads[slot], pre_divide(b));
   }
   packed_params_ += static_cast<int64_t>(packed.size());
   // As DDP's reducer does: a .grad that was None or replaced becomes the view
@@ -352,36 +379,38 @@ void Engine::start_reduction(int64_t b) {
     }
   }
   // Stamped before the launch: a small collective may complete before it returns.
-  bucket.launched_ns = tracing_ ? now_ns() : -1;
-  bucket.launch_stamp = link_meter_ ? backend_->stamp() : nullptr;
+  flight.launched_ns = tracing_ ? now_ns() : -1;
+  flight.launch_stamp = link_meter_ ? backend_->stamp() : nullptr;
   if (reduction_ == Collective::kReduceScatter) {
+    TORCH_CHECK(slot == 0, "dearcomm: internal error: a reduce-scatter into buffer slot ", slot);  // one shard
     DEARCOMM_RANGE("reduce_scatter", b);
-    bucket.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
+    flight.pending = backend_->reduce_scatter(bucket.grads, bucket.grad_shard);
   } else {
     DEARCOMM_RANGE("all_reduce", b);
-    bucket.pending = backend_->all_reduce(bucket.grads);
+    flight.pending = backend_->all_reduce(bucket.slot_grads[slot]);
   }
 }
 
 // ---- step ----------------------------------------------------------------
 
-void Engine::finish_reduction(int64_t b) {
+void Engine::finish_reduction(int64_t b, int64_t slot) {
   Bucket& bucket = buckets_[b];
+  InFlight& flight = bucket.in_flight.at(slot);
   const bool scattered = reduction_ == Collective::kReduceScatter;
   {
     DEARCOMM_RANGE(scattered ? "wait_reduce_scatter" : "wait_all_reduce", b);
     const int64_t wait_begin = tracing_ ? now_ns() : -1;
     try {
-      bucket.pending->wait(options_.timeout);
+      flight.pending->wait(options_.timeout);
     } catch (const std::exception& e) {
       fail_collective(scattered ? "reduce-scatter" : "all-reduce", b, e);
     }
-    trace_wait(b, to_string(reduction_), bucket.launched_ns, *bucket.pending, wait_begin);
+    trace_wait(b, to_string(reduction_), flight.launched_ns, *flight.pending, wait_begin);
     if (link_meter_) {
-      link_meter_->reduction(std::move(bucket.launch_stamp), bucket.pending->finished(), bucket.grads.nbytes());
+      link_meter_->reduction(std::move(flight.launch_stamp), flight.pending->finished(), bucket.grads.nbytes());
     }
   }
-  bucket.pending.reset();
+  flight.pending.reset();
   // Average: what pack did not divide already (fp16 divides before the sum).
   const double post_divide = backend_->world_size() * pre_divide(b);
   if (scattered) {
@@ -393,7 +422,7 @@ void Engine::finish_reduction(int64_t b) {
     }
   } else {
     if (post_divide != 1.0) {
-      bucket.grads.div_(post_divide);
+      bucket.slot_grads[slot].div_(post_divide);
     }
   }
 }
@@ -413,7 +442,7 @@ void Engine::bind_params_to_gather_buffers() {
   params_bound_ = true;
 }
 
-void Engine::averages_to_grad(int64_t b, const std::vector<int64_t>& params) {
+void Engine::averages_to_grad(int64_t b, int64_t slot, const std::vector<int64_t>& params) {
   // A parameter is unpacked whole, once the last of its buckets is averaged.
   std::vector<at::Tensor> grads;
   std::vector<int64_t> offsets;
@@ -430,7 +459,13 @@ void Engine::averages_to_grad(int64_t b, const std::vector<int64_t>& params) {
   }
   if (!grads.empty()) {
     DEARCOMM_RANGE("unpack", b);
-    backend_->unpack(flats_[layout_.buckets[b].buffer].grads, offsets, grads);
+    backend_->unpack(flats_[layout_.buckets[b].buffer].slot_grads.at(slot), offsets, grads);
+  }
+}
+
+void Engine::no_averages(int64_t /*bucket*/, const std::vector<int64_t>& params) {
+  for (int64_t p : params) {
+    params_[p].mutable_grad() = at::Tensor();  // torch's optimizers skip a parameter without .grad
   }
 }
 
@@ -492,24 +527,25 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
 void Engine::start_gather(int64_t b) {
   Bucket& bucket = buckets_[b];
   DEARCOMM_RANGE("all_gather", b);
+  InFlight& flight = bucket.in_flight[0];
   const auto [input, output] = update_->gather(bucket);
-  bucket.launched_ns = tracing_ ? now_ns() : -1;  // before the launch, as start_reduction's
-  bucket.pending = backend_->all_gather(input, output);
+  flight.launched_ns = tracing_ ? now_ns() : -1;  // before the launch, as start_reduction's
+  flight.pending = backend_->all_gather(input, output);
 }
 
 void Engine::finish_gather(int64_t b) {
-  Bucket& bucket = buckets_[b];
+  InFlight& flight = buckets_[b].in_flight[0];
   {
     DEARCOMM_RANGE("wait_all_gather", b);
     const int64_t wait_begin = tracing_ ? now_ns() : -1;
     try {
-      bucket.pending->wait(options_.timeout);
+      flight.pending->wait(options_.timeout);
     } catch (const std::exception& e) {
       fail_collective("all-gather", b, e);
     }
-    trace_wait(b, "all_gather", bucket.launched_ns, *bucket.pending, wait_begin);
+    trace_wait(b, "all_gather", flight.launched_ns, *flight.pending, wait_begin);
   }
-  bucket.pending.reset();
+  flight.pending.reset();
 }
 
 void Engine::averages_in(int64_t b) {

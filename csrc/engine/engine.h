@@ -187,14 +187,15 @@ class Engine final : private core::Device {
   bool reductions_read_user_memory() const override { return uses_grad_views(); }
   void issue(const Op& op) override;
   void wait(const Op& op) override;
-  void averages_to_grad(int64_t bucket, const std::vector<int64_t>& params) override;
+  void averages_to_grad(int64_t bucket, int64_t slot, const std::vector<int64_t>& params) override;
+  void no_averages(int64_t bucket, const std::vector<int64_t>& params) override;
   void averages_in(int64_t bucket) override;
   void update(int64_t bucket, const std::vector<int64_t>& params) override;
   void step_left_pending() override;
   void settle() override;
 
-  void start_reduction(int64_t bucket);
-  void finish_reduction(int64_t bucket);
+  void start_reduction(int64_t bucket, int64_t slot);
+  void finish_reduction(int64_t bucket, int64_t slot);
   void start_gather(int64_t bucket);
   void finish_gather(int64_t bucket);
   void bind_params_to_gather_buffers();
@@ -218,6 +219,7 @@ class Engine final : private core::Device {
 
   std::vector<Flat> flats_;      // per flat buffer (one per dtype)
   std::vector<Bucket> buckets_;
+  std::vector<int64_t> slots_;   // per bucket: its buffer slots (core/executor.h)
   // Per parameter, this backward:
   at::Tensor incoming_;                      // the gradient mark_grad_ready is handing over
   std::vector<at::Tensor> arrived_;          // a gradient that arrived, until packed

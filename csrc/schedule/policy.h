@@ -23,7 +23,10 @@ const char* to_string(Collective kind);  // "reduce_scatter", "all_gather", "all
 struct Op {
   Collective kind;
   int64_t bucket;
-  bool operator==(const Op& other) const { return kind == other.kind && bucket == other.bucket; }
+  int64_t slot = 0;  // the bucket's buffer slot; the executor sets it (see SchedulePolicy::delay)
+  bool operator==(const Op& other) const {
+    return kind == other.kind && bucket == other.bucket && slot == other.slot;
+  }
 };
 
 // When the optimizer runs, and so which buffers the executor keeps and what an
@@ -63,6 +66,16 @@ class SchedulePolicy {
   virtual void begin_iteration(const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& drained) {
     (void)bucket_bytes;
     (void)drained;
+  }
+  // How many iterations late bucket `bucket`'s averages are applied. 0: in
+  // the step() of the backward that produced them. d > 0: the bucket has d + 1
+  // buffer slots, iteration i's gradients fill slot i mod (d + 1), their
+  // reduction stays in flight across step() and later backwards, and step()
+  // of iteration i applies iteration i - d's averages (none while i < d). The
+  // same for every call and on every rank; a parameter's buckets share it.
+  virtual int64_t delay(int64_t bucket) const {
+    (void)bucket;
+    return 0;
   }
   // Whether begin_iteration reads `drained`: the executor measures the link
   // and agrees on the model with the other ranks only for such a policy.

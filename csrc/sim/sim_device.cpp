@@ -8,7 +8,7 @@
 namespace dearcomm::sim {
 
 SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model)
-    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model), in_flight_(layout.buckets.size()) {
+    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model) {
   for (int64_t numel : profile_.param_numels) {
     total_numel_ += numel;
   }
@@ -43,18 +43,19 @@ void SimDevice::issue(const Op& op) {
   const double start = std::max(now_, channel_free_);
   const double end = start + cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes);
   channel_free_ = end;
-  in_flight_[op.bucket] = SimOp{op.kind, op.bucket, iteration_, now_, start, end};
+  in_flight_[{op.bucket, op.slot}] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, start, end};
 }
 
 void SimDevice::wait(const Op& op) {
-  SimOp done = in_flight_.at(op.bucket);
-  DEARCOMM_CORE_CHECK(done.issued_s >= 0 && done.kind == op.kind, std::logic_error,
+  const auto it = in_flight_.find({op.bucket, op.slot});
+  DEARCOMM_CORE_CHECK(it != in_flight_.end() && it->second.kind == op.kind, std::logic_error,
                       "dearcomm: internal error: the simulated device waits for ", to_string(op.kind), " of bucket ",
-                      op.bucket, ", which is not in flight");
+                      op.bucket, " (slot ", op.slot, "), which is not in flight");
+  SimOp done = it->second;
+  in_flight_.erase(it);
   done.wait_begin_s = now_;
   now_ = std::max(now_, done.end_s);
   done.wait_end_s = now_;
-  in_flight_[op.bucket] = SimOp{};
   ops_.push_back(done);
 }
 

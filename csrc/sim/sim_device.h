@@ -13,7 +13,9 @@
 #include "sim/cost_model.h"
 #include "sim/profile.h"
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dearcomm::sim {
@@ -21,6 +23,7 @@ namespace dearcomm::sim {
 struct SimOp {
   Collective kind = Collective::kAllReduce;
   int64_t bucket = -1;
+  int64_t slot = 0;
   int64_t iteration = -1;
   double issued_s = -1.0;  // the host issued it (the compute stream's time); -1: nothing in flight
   double start_s = -1.0;   // the channel began it
@@ -53,7 +56,7 @@ class SimDevice final : public core::Device {
   void eligible(int64_t bucket) override;
   void issue(const Op& op) override;
   void wait(const Op& op) override;
-  void averages_to_grad(int64_t /*bucket*/, const std::vector<int64_t>& /*params*/) override {}
+  void averages_to_grad(int64_t /*bucket*/, int64_t /*slot*/, const std::vector<int64_t>& /*params*/) override {}
   void averages_in(int64_t /*bucket*/) override {}
   void update(int64_t bucket, const std::vector<int64_t>& params) override;
 
@@ -66,7 +69,7 @@ class SimDevice final : public core::Device {
   double now_ = 0.0;           // the compute stream
   double channel_free_ = 0.0;  // the communication channel
   int64_t iteration_ = 0;
-  std::vector<SimOp> in_flight_;  // per bucket: its latest collective
+  std::map<std::pair<int64_t, int64_t>, SimOp> in_flight_;  // per (bucket, slot): its latest collective
   std::vector<SimOp> ops_;        // waited for, in wait order
   std::vector<Span> spans_;
   double backward_begin_ = 0.0;
