@@ -34,7 +34,7 @@ train: $(BUILD_STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) examples/train.py $(ARGS)
 
 test: $(BUILD_STAMP)
-	$(PY) -m pytest tests -v -rs --durations=10
+	$(PY) -m pytest tests -v -rs --durations=15
 
 bench: $(BUILD_STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node=2 benchmarks/overhead.py

@@ -23,6 +23,6 @@ for model in mlp resnet gpt; do
 done
 run train-mlp-1gbit-4 $py benchmarks/netlab.py --ranks 4 --rate 1gbit -- benchmarks/train_bench.py --model mlp --batch 128 --iters 3 --rounds 2 --json $out/train-mlp-1gbit-4.json
 run train-mlp-10gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 10gbit -- benchmarks/train_bench.py --model mlp --batch 256 --iters 3 --rounds 2 --json $out/train-mlp-10gbit-2.json
-# Issue 12: every schedule (with partitions and bytescheduler credits) side by side, 1 Gbit/s, 2 and 4 ranks.
+# Every schedule (with partitions and bytescheduler credits) side by side, 1 Gbit/s, 2 and 4 ranks.
 bash benchmarks/run_schedules.sh $out/schedules
 run soak .venv/bin/torchrun --nproc_per_node=2 benchmarks/soak.py --steps 1000 --json $out/soak.json

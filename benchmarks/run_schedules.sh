@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 12: every schedule side by side (ddp, wfbp, dear-sharded, dear-replicated,
+# Every schedule side by side (ddp, wfbp, dear-sharded, dear-replicated,
 # bytescheduler; each dearcomm one with and without partitioning; bytescheduler
 # at several credits on the MLPs) at an emulated 1 Gbit/s, 2 and 4 ranks, plus
 # the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
-# "Schedules side by side (issue 12)".
+# "Schedules side by side at 1 Gbit/s".
 #   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
 #   ONLY="mlp-1gbit-4a overhead" bash benchmarks/run_schedules.sh     # some of them
 #   ONLY="mlp-1gbit-2 widein-1gbit-2" ROUNDS=6 ITERS=2 SUFFIX=-rep2 NO_TIMELINE=1 bash ...  # a repeat, more rounds
@@ -14,7 +14,7 @@
 # ResNet: DDP 9.6-18.7k faults per iteration, more alone than beside
 # dearcomm; with a fixed policy DDP and dearcomm take the same). So the
 # runs here keep what they free, as torch's CPU launcher does by preloading
-# tcmalloc or jemalloc (docs/benchmarks.md, issue 12 §10).
+# tcmalloc or jemalloc (docs/benchmarks.md, "Findings: ResNet at 4 ranks").
 set -euo pipefail
 if [[ ${GLIBC_MALLOC:-fixed} != default ]]; then
   export MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824

@@ -1,10 +1,10 @@
-"""Summary of train_bench.py JSONs (issue 12): one line per (model, ranks, batch),
+"""Summary of train_bench.py JSONs: one line per (model, ranks, batch),
 each run's median ms, speedup over DDP (DDP time / run time, > 1 = faster) and
 efficiency (ideal / measured), and the targets: where communication exceeds
 backward (T_AR > T_bwd) the best dearcomm run >= 1.15x DDP; elsewhere no run
 more than 5% slower than DDP (speedup >= 1/1.05).
 
-    python benchmarks/schedules_summary.py docs/results/schedules/*.json [--markdown]
+    python benchmarks/schedules_summary.py docs/results/schedules/quiet-machine/*.json [--markdown]
 """
 import argparse
 import json

@@ -4,7 +4,7 @@ forward (with its waits and, for replicated/bytescheduler, the updates),
 backward and step spans, and the channel's busy time per iteration (union of
 every collective's launch-to-completion span), against the collectives alone.
 
-    python benchmarks/trace_stats.py docs/results/schedules/timeline-mlp-1gbit-2.json [--bench mlp-1gbit-2.json]
+    python benchmarks/trace_stats.py docs/results/schedules/shared-cores/timeline-mlp-1gbit-2.json [--bench mlp-1gbit-2.json]
 """
 import argparse
 import json

@@ -89,9 +89,9 @@ def wrap(
             input side first. In flight is modelled from a link rate and tick
             spacing all ranks measure and agree on, from the fourth backward on.
             It reorders only where the partitions are well below the model's
-            size: on a slow link partition_mb=4 with credit_mb=4 (one
-            partition in flight) was fastest, 8 and 16 as fast on an MLP and
-            slower where one large layer dominates (docs/benchmarks.md); the
+            size: on a slow link, partition_mb=4 with credit_mb of 1 to 4
+            (at most one partition in flight) was fastest, 8 and 16 slower
+            where one large layer dominates (docs/benchmarks.md); the
             defaults leave the queue empty.
         schedule: "dear" (default), "wfbp" or "bytescheduler".
         update: "sharded" (default for dear) or "replicated" (default for wfbp).

@@ -8,7 +8,7 @@ when on it costs a clock read per module forward and per collective.
     with timeline.span("compute", "backward"):
         loss.backward()
     timeline.collect()                    # pulls the engine's collectives
-    write_chrome_trace("trace.json", {"dear": [timeline]})
+    write_chrome_trace("trace.json", {"dear": gather_events(timeline)})  # every rank's events
 
 Lanes: "compute" (forward per module, backward, step), "reduce" (reduce-scatter
 or all-reduce) and "gather" (all-gather). A collective spans launch to

@@ -1,5 +1,5 @@
-"""Synchronous pipeline planning (ALGORITHMS.md, "Synchronous pipeline
-planning"): split a model's layers into stages, map the stages (possibly
+"""Synchronous pipeline planning (INFOCOM 2022; docs/guide.md, "Planning a
+pipeline"): split a model's layers into stages, map the stages (possibly
 replicated) onto devices joined by links of different speeds, order every
 device's forward and backward tasks, and predict the iteration time.
 

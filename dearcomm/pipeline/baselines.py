@@ -1,5 +1,5 @@
 """The published baselines, planned on the same inputs and simulated by the
-same simulator (ALGORITHMS.md):
+same simulator:
 
 - gpipe:     S = min(devices, layers) stages balanced by compute, device s
              holds stage s, GPipe order;

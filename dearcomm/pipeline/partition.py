@@ -1,7 +1,7 @@
 """Partitions of a layer chain into stages, and the synchronous estimate they
 are ranked by.
 
-Synchronous estimate of one iteration (DAPPLE's form, ALGORITHMS.md):
+Synchronous estimate of one iteration (DAPPLE's form):
     latency of one micro-batch through every stage and boundary, forward and back
   + (micro-batches a stage replica or a link carries − 1) × its per-micro-batch time,
     for the slowest of them (the pipeline's bottleneck)

@@ -140,7 +140,7 @@ class Topology:
 
     def allreduce_ms(self, devices: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce over `devices` in that order: 2(r-1) steps of n/r
-        bytes, each paced by the ring's slowest hop (ALGORITHMS.md, α-β)."""
+        bytes, each paced by the ring's slowest hop (α-β)."""
         r = len(devices)
         if r < 2 or nbytes <= 0:
             return 0.0

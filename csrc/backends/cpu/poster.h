@@ -6,7 +6,7 @@
 // the peer's receive is already posted. Posted from the training thread,
 // each message could block compute on that mutex, and gloo's loop, which only
 // try_locks it, busy-polls epoll meanwhile and preempts the blocked thread on
-// shared cores (docs/benchmarks.md, issue 12 §7: ~12 ms per iteration in
+// shared cores (docs/benchmarks.md, "Findings: ResNet at 2 ranks": ~12 ms per iteration in
 // Pair::send/recv with 60 messages). Here the training thread only enqueues;
 // jobs run in order, so exchanges keep their issue order.
 //
