@@ -222,7 +222,19 @@ PYBIND11_MODULE(_C, m) {
       .def("__repr__", [](const ScheduleChoice& c) {
         return "ScheduleChoice(schedule='" + c.schedule->name + "', update='" + c.update->name +
             "', credit_bytes=" + std::to_string(c.config.credit_bytes) + ")";
-      });
+      })
+      // A value that points into the registry: copies share it; a pickle holds the names and resolves them again.
+      .def("__copy__", [](const ScheduleChoice& c) { return c; })
+      .def("__deepcopy__", [](const ScheduleChoice& c, const py::dict&) { return c; }, py::arg("memo"))
+      .def(py::pickle(
+          [](const ScheduleChoice& c) {
+            return py::make_tuple(c.schedule->name, c.update->name, c.config.credit_bytes);
+          },
+          [](const py::tuple& state) {
+            const int64_t credit = state[2].cast<int64_t>();
+            return resolve_schedule(state[0].cast<std::string>(), state[1].cast<std::string>(),
+                                    credit > 0 ? std::optional<int64_t>(credit) : std::nullopt);
+          }));
   m.def("resolve_schedule", &resolve_schedule, py::arg("schedule"), py::arg("update") = py::none(),
         py::arg("credit_bytes") = py::none(),
         "The registry's entry for wrap(schedule=, update=, credit_mb=); raises ValueError (unknown name, a credit "

@@ -207,6 +207,17 @@ def test_wrap_options_accept_exactly_the_registered_combinations():
         assert WrapOptions(schedule=schedule).update == entry["default_update"]
 
 
+def test_wrap_options_copy_and_pickle_with_their_resolved_schedule():
+    import copy
+    import pickle
+    for options in (WrapOptions(), WrapOptions(schedule="bytescheduler", credit_mb=1.0),
+                    WrapOptions(schedule="wfbp", bucket_mb=0)):
+        for copied in (copy.copy(options), copy.deepcopy(options), pickle.loads(pickle.dumps(options))):
+            assert copied == options
+            assert repr(copied.choice) == repr(options.choice)
+            assert copied.update_strategy == options.update_strategy
+
+
 @pytest.mark.parametrize("schedule, update, error, message", [
     ("ring", "sharded", ValueError, "unknown schedule 'ring'"),
     ("dear", "lazy", ValueError, "unknown update 'lazy'"),
