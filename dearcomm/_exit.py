@@ -17,15 +17,15 @@ aborts like that in 7 of 60 runs of a two-step script (README, *Exit*).
 dearcomm's own collectives hold no Python object (csrc/backends/cpu/python_tls.h);
 this handler covers the ones it does not launch, in any process that wrapped a
 model: it releases the GIL once, briefly, before finalization, so that a worker
-waiting for it finishes then. destroy_process_group() makes it unnecessary (it
-joins the workers), and it is skipped then.
+waiting for it finishes then. Also after destroy_process_group(): it shuts the
+backends down, but gloo's has no shutdown of its own, and its workers live on
+until the last reference to the group goes (a DDP model keeps one), which may
+be during finalization.
 """
 from __future__ import annotations
 
 import atexit
 import time
-
-import torch.distributed as dist
 
 # Enough for a worker that completed its Work to be scheduled and take the GIL
 # (it was already waiting for it in every abort seen); short enough not to be
@@ -44,5 +44,4 @@ def install() -> None:
 
 
 def let_collective_threads_finish() -> None:
-    if dist.is_available() and dist.is_initialized():
-        time.sleep(GRACE_SECONDS)  # releases the GIL: a worker waiting for it takes it now
+    time.sleep(GRACE_SECONDS)  # releases the GIL: a worker waiting for it takes it now
