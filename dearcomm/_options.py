@@ -13,8 +13,9 @@ from . import _C
 
 # The C++ schedule registry is the one list of schedules, their updates and
 # options; WrapOptions resolves the user's names against it once (choice).
-SCHEDULES = tuple(entry["name"] for entry in _C.schedules())
-UPDATES = tuple(dict.fromkeys(u for entry in _C.schedules() for u in entry["updates"]))
+_REGISTRY = _C.schedules()
+SCHEDULES = tuple(entry["name"] for entry in _REGISTRY)
+UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY for u in entry["updates"]))
 INT64_MAX = 2**63 - 1
 
 

@@ -238,7 +238,7 @@ void Executor::wait_reduction(int64_t b, int64_t slot) {
 // delay points to (none yet in the first `delay` iterations). A flush may
 // have waited for them already.
 void Executor::use_averages(int64_t b) {
-  const int64_t due = iteration_ - delay_[b];
+  const int64_t due = due_iteration(b);
   const int64_t due_slot = slot(b, due);
   if (due >= 0 && machine_.bucket(b, due_slot) == BucketState::kReducing) {
     wait_reduction(b, due_slot);
@@ -257,7 +257,7 @@ void Executor::use_averages(int64_t b) {
 // step() is over without gathers: the slot whose averages it applied (or
 // skipped) is free again.
 void Executor::step_done(int64_t b) {
-  const int64_t due = iteration_ - delay_[b];
+  const int64_t due = due_iteration(b);
   if (due >= 0) {
     machine_.on(b, slot(b, due), BucketAction::kStepDone);
   }
@@ -338,7 +338,10 @@ bool Executor::all_current() const {
 void Executor::flush() {
   device_.settle();
   for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    for (int64_t s = 0; delay_[b] > 0 && s < num_slots(b); ++s) {
+    if (delay_[b] == 0) {
+      continue;  // an undelayed reduction in flight is this backward's, waited as usual
+    }
+    for (int64_t s = 0; s < num_slots(b); ++s) {
       if (machine_.bucket(b, s) == BucketState::kReducing) {
         wait_reduction(b, s);  // its averages wait in the slot for their step
       }

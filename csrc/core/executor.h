@@ -102,6 +102,8 @@ class Executor {
   void apply(int64_t bucket);
   bool all_current() const;
   int64_t this_slot(int64_t bucket) const { return slot(bucket, iteration_); }
+  // The iteration whose averages this step applies to bucket `bucket` (< 0: none yet).
+  int64_t due_iteration(int64_t bucket) const { return iteration_ - delay_[bucket]; }
   void check_bucket_index(int64_t bucket) const;
   void check_delays() const;
 

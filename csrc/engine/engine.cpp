@@ -68,9 +68,6 @@ Engine::Engine(BucketLayout layout,
   TORCH_CHECK_VALUE(policy, "dearcomm: no schedule policy");
   reduction_ = policy->reduction();
   update_ = make_update(policy->update_strategy(), reduction_);  // raises if the reduction cannot feed it
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    slots_.push_back(std::max<int64_t>(1, policy->delay(static_cast<int64_t>(b)) + 1));
-  }
   TORCH_CHECK_VALUE(params_.size() == layout_.params.size() && names_.size() == params_.size(),
       "dearcomm: the layout has ", layout_.params.size(), " parameters but the engine got ",
       params_.size(), " parameters and ", names_.size(), " names");
@@ -86,6 +83,12 @@ Engine::Engine(BucketLayout layout,
         params_[p].scalar_type(), ") does not match its slot in bucket ", slot.bucket, " (",
         slot.numel, " elements of ", dtype, ")");
   }
+  const bool uses_link_model = policy->uses_link_model();
+  // Before the buffers: they follow the executor's buffer slots. It calls no
+  // device method until an event arrives.
+  core::Device& device = *this;  // a private base: converted here, where it is accessible
+  core_ = std::make_unique<core::Executor>(core_layout(layout_, options_.comm_dtype), names_, std::move(policy),
+                                           device, backend_->rank());
   allocate_flat_buffers();
   const int64_t rank = backend_->rank();
   buckets_.resize(layout_.buckets.size());
@@ -98,22 +101,20 @@ Engine::Engine(BucketLayout layout,
     bucket.gathered_comm = range(flat.gathered_comm);
     bucket.gathered = range(flat.gathered);
     bucket.params = range(flat.params);
-    for (int64_t s = 0; s < slots_[b]; ++s) {
+    const int64_t slots = core_->num_slots(static_cast<int64_t>(b));
+    for (int64_t s = 0; s < slots; ++s) {
       bucket.slot_grads.push_back(range(flat.slot_grads.at(s)));
     }
-    bucket.in_flight.resize(slots_[b]);
+    bucket.in_flight.resize(slots);
     if (reduction_ == Collective::kReduceScatter) {
       bucket.grad_shard = at::zeros({spec.shard_numel}, bucket.grads.options());
     }
     update_->allocate(bucket, spec, rank);
   }
-  if (policy->uses_link_model()) {
+  if (uses_link_model) {
     link_meter_ = std::make_unique<LinkMeter>(static_cast<int64_t>(buckets_.size()));
     backend_->time_collectives();
   }
-  core::Device& device = *this;  // a private base: converted here, where it is accessible
-  core_ = std::make_unique<core::Executor>(core_layout(layout_, options_.comm_dtype), names_, std::move(policy),
-                                           device, backend_->rank());
 }
 
 void Engine::allocate_flat_buffers() {
@@ -139,7 +140,7 @@ void Engine::allocate_flat_buffers() {
   }
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     Flat& flat = flats_[layout_.buckets[b].buffer];
-    while (static_cast<int64_t>(flat.slot_grads.size()) < slots_[b]) {
+    while (static_cast<int64_t>(flat.slot_grads.size()) < core_->num_slots(static_cast<int64_t>(b))) {
       flat.slot_grads.push_back(at::zeros_like(flat.grads));
     }
   }
@@ -147,7 +148,7 @@ void Engine::allocate_flat_buffers() {
     const Flat& flat = flat_of(static_cast<int64_t>(p));
     // Not in a delayed bucket: the next backward would accumulate into the
     // slot its reduction still reads.
-    if (flat.grad_views && slots_[layout_.params[p].bucket] == 1) {
+    if (flat.grad_views && core_->num_slots(layout_.params[p].bucket) == 1) {
       grad_views_[p] = alias_with_own_version(param_view(flat.grads, static_cast<int64_t>(p)));
     }
     if (flat.params.defined()) {

@@ -219,7 +219,6 @@ class Engine final : private core::Device {
 
   std::vector<Flat> flats_;      // per flat buffer (one per dtype)
   std::vector<Bucket> buckets_;
-  std::vector<int64_t> slots_;   // per bucket: its buffer slots (core/executor.h)
   // Per parameter, this backward:
   at::Tensor incoming_;                      // the gradient mark_grad_ready is handing over
   std::vector<at::Tensor> arrived_;          // a gradient that arrived, until packed
@@ -246,7 +245,7 @@ class Engine final : private core::Device {
   void start_link_agreement();
   void adopt_link_agreements(size_t keep);
   void settle(LinkAgreement& agreement);
-  std::unique_ptr<core::Executor> core_;  // last: built once the buffers exist
+  std::unique_ptr<core::Executor> core_;  // last: destroyed first, it refers to this device
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   void trace_wait(int64_t bucket, const char* kind, int64_t launched_ns, const PendingCollective& pending,

@@ -25,7 +25,7 @@ struct SimOp {
   int64_t bucket = -1;
   int64_t slot = 0;
   int64_t iteration = -1;
-  double issued_s = -1.0;  // the host issued it (the compute stream's time); -1: nothing in flight
+  double issued_s = -1.0;  // the host issued it (the compute stream's time)
   double start_s = -1.0;   // the channel began it
   double end_s = -1.0;     // ... and finished it
   double wait_begin_s = -1.0;
