@@ -14,7 +14,21 @@ from ._optimizer import DistributedOptimizer
 from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
 from ._wrap import wrap
 from .prediction import ModuleProfile, Network, Prediction, simulate
+from .profiler import TrainingProfile, profile
 
 __version__ = "0.1.0"
 __all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
-           "ModuleProfile", "Network", "Prediction"]
+           "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile",
+           "fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS"]
+
+_NETWORK_FIT = ("fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS")
+
+
+def __getattr__(name: str):
+    """dearcomm.fit_network and the presets, imported on first use: imported
+    here eagerly, ``python -m dearcomm.network_fit`` would find its module
+    already loaded and run a second copy of it."""
+    if name in _NETWORK_FIT:
+        from . import network_fit
+        return getattr(network_fit, name)
+    raise AttributeError(f"module 'dearcomm' has no attribute {name!r}")

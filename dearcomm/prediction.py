@@ -61,6 +61,23 @@ class Network:
             out[kind] = (alpha_us * 1e-6, 8.0 / (gbit_s * 1e9))
         return out
 
+    @classmethod
+    def preset(cls, name: str) -> "Network":
+        """A common interconnect's figures ("10gbe", "25gbe", "100gb-ib",
+        "nvlink"): see dearcomm.network_fit.NETWORK_PRESETS for their sources."""
+        from .network_fit import network_preset  # network_fit imports this module
+        return network_preset(name)
+
+    @classmethod
+    def fit(cls, measurements, world_size: Optional[int] = None, impl: str = "dearcomm",
+            dtype: Optional[str] = None) -> "Network":
+        """α and bandwidth per kind fitted to ``benchmarks/collectives.py
+        --json`` files or row dicts; dearcomm.fit_network takes the same
+        arguments and also returns the fit quality (R², largest error),
+        which is worth a look before trusting a prediction."""
+        from .network_fit import fit_network  # network_fit imports this module
+        return fit_network(measurements, world_size=world_size, impl=impl, dtype=dtype).network
+
 
 @dataclasses.dataclass
 class Prediction:
@@ -107,13 +124,21 @@ def _check_number(name: str, value, allow_zero: bool, allow_inf: bool = False) -
                          f"{'' if allow_inf else 'finite '}number, got {value!r}")
 
 
-def simulate(profile: Sequence[ModuleProfile], *, world_size: int, network: Network, schedule: str = "dear",
-             update: Optional[str] = None, step_ms: float = 0.0, bucket_mb: float = 25.0,
+def simulate(profile, *, world_size: int, network: Network, schedule: str = "dear",
+             update: Optional[str] = None, step_ms: Optional[float] = None, bucket_mb: float = 25.0,
              partition_mb: Optional[float] = None, credit_mb: Optional[float] = None,
              comm_dtype: Optional[torch.dtype] = None, iterations: int = 3) -> Prediction:
     """Runs ``iterations`` iterations of ``schedule`` on the simulated device
-    and returns the prediction. ``step_ms``: the optimizer over the whole
-    model on one rank (a sharded update takes 1/world_size of it)."""
+    and returns the prediction. ``profile``: a dearcomm.TrainingProfile
+    (dearcomm.profile() measures one) or a list of ModuleProfile.
+    ``step_ms``: the optimizer over the whole model on one rank (a sharded
+    update takes 1/world_size of it); default: the TrainingProfile's, else 0."""
+    from .profiler import TrainingProfile
+
+    if isinstance(profile, TrainingProfile):
+        step_ms = profile.step_ms if step_ms is None else step_ms
+        profile = profile.for_simulation()
+    step_ms = 0.0 if step_ms is None else step_ms
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb, comm_dtype=comm_dtype)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:

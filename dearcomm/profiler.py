@@ -1,0 +1,371 @@
+"""Profile a model's training iteration on this machine, in the form the
+simulator reads (dearcomm.simulate): per-module forward and backward times,
+when each gradient becomes ready, the parameters' sizes in forward order and
+the optimizer step's time.
+
+    profile = dearcomm.profile(model, (x, y), optimizer, loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]))
+    profile.save("profile.json")                  # with the machine and torch versions
+    p = dearcomm.simulate(dearcomm.TrainingProfile.load("profile.json"), world_size=8,
+                          network=dearcomm.Network(alpha_us=30, gbit_s=10))
+
+A "module" is one that owns parameters directly, as the engine hooks them: its
+forward time runs from its first call to the next such module's first call
+(what runs between them, activations and pooling, is counted with the module
+before), so the modules' forward times add up to the whole forward; its
+backward time runs from the previous module's last gradient (in backward
+order) to its own last one, and what backward does after the last gradient
+is counted with the first module. Times are medians over `iterations` timed
+iterations after `warmup` untimed ones, on one process, with no communication.
+
+The model's and the optimizer's state are restored afterwards: profiling
+trains nothing.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .prediction import ModuleProfile
+
+FORMAT = "dearcomm-profile"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamProfile:
+    name: str
+    numel: int
+    dtype: torch.dtype
+    grad_ready_ms: float
+    """When its gradient was accumulated, from the start of backward (median)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfiledModule:
+    name: str
+    forward_ms: float
+    backward_ms: float
+    params: Sequence[ParamProfile]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingProfile:
+    """One rank's training iteration, measured (see the module's docstring)."""
+    modules: Sequence[ProfiledModule]
+    """Modules that own parameters, in the order of their first forward call."""
+    step_ms: float
+    """optimizer.step() over the whole model (0 without an optimizer)."""
+    forward_ms: float
+    backward_ms: float
+    machine: Dict[str, Any]
+    iterations: int
+
+    def for_simulation(self) -> List[ModuleProfile]:
+        """The modules as dearcomm.simulate reads them."""
+        return [ModuleProfile(m.name, m.forward_ms, m.backward_ms, [p.numel for p in m.params],
+                              _dominant_dtype(m)) for m in self.modules]
+
+    @property
+    def num_params(self) -> int:
+        return sum(len(m.params) for m in self.modules)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(format=FORMAT, version=VERSION, machine=self.machine, iterations=self.iterations,
+                    step_ms=self.step_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                    modules=[dict(name=m.name, forward_ms=m.forward_ms, backward_ms=m.backward_ms,
+                                  params=[dict(name=p.name, numel=p.numel, dtype=str(p.dtype).replace("torch.", ""),
+                                               grad_ready_ms=p.grad_ready_ms) for p in m.params])
+                             for m in self.modules])
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: str = "the profile") -> "TrainingProfile":
+        """Checks every field; a bad one raises ValueError naming it."""
+        return _parse(data, source)
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "TrainingProfile":
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"dearcomm: {path} is not a JSON profile: {e}") from None
+        return _parse(data, str(path))
+
+
+def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
+            loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, iterations: int = 5,
+            warmup: int = 2) -> TrainingProfile:
+    """Times `iterations` training iterations of `model` on `batch` (after
+    `warmup` untimed ones) and returns the medians.
+
+    The model is called as ``model(**batch)`` for a dict, ``model(batch[0])``
+    for a tuple or list (input, target, ...), else ``model(batch)``.
+    ``loss_fn(output, batch)`` gives the loss; without one, the output's
+    ``.loss`` (Hugging Face models), or the output itself if it is a scalar,
+    or the sum of the output. Give the plain model, before dearcomm.wrap or DDP."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"dearcomm: profile() takes an nn.Module, got {type(model).__name__}")
+    if hasattr(model, "_dear") or isinstance(model, nn.parallel.DistributedDataParallel):
+        raise ValueError("dearcomm: profile() the plain model, before dearcomm.wrap() or DDP: a wrapped model "
+                         "communicates, and the profile is of one rank's compute")
+    for name, value in (("iterations", iterations), ("warmup", warmup)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "iterations" else 0):
+            raise ValueError(f"dearcomm: {name} must be an int >= {1 if name == 'iterations' else 0}, got {value!r}")
+    params = {p: n for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("dearcomm: the model has no parameter that requires grad; there is nothing to profile")
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_optimizer = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+    was_training = model.training
+    model.train()
+    try:
+        probe = _Probe(model, params)
+        try:
+            samples = [probe.iteration(batch, optimizer, loss_fn) for _ in range(warmup + iterations)][warmup:]
+        finally:
+            probe.remove()
+    finally:
+        model.load_state_dict(saved_model)
+        if optimizer is not None:
+            optimizer.load_state_dict(saved_optimizer)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return _summarise(samples, probe, params, iterations)
+
+
+# ---- measuring -------------------------------------------------------------
+
+class _Probe:
+    """Hooks that stamp every owning module's first forward call and every
+    parameter's gradient accumulation, per iteration."""
+
+    def __init__(self, model: nn.Module, params: Dict[nn.Parameter, str]):
+        self.model = model
+        self.cuda = any(p.is_cuda for p in params)
+        self.names: Dict[nn.Module, str] = {}
+        self.handles = []
+        for name, sub in model.named_modules():
+            self.names[sub] = name or type(model).__name__
+            self.handles.append(sub.register_forward_pre_hook(self._on_forward))
+        for p in params:
+            self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        self.forward_order: Optional[List[nn.Module]] = None
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _on_forward(self, module: nn.Module, args) -> None:
+        if module not in self.calls:
+            self.calls[module] = self.now()
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        self.ready[param] = self.now()
+
+    def iteration(self, batch, optimizer, loss_fn) -> Dict[str, Any]:
+        self.calls: Dict[nn.Module, float] = {}
+        self.ready: Dict[nn.Parameter, float] = {}
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            self.model.zero_grad(set_to_none=True)
+        start = self.now()
+        loss = _loss(self.model, batch, loss_fn)
+        forward_end = self.now()
+        loss.backward()
+        backward_end = self.now()
+        step_end = backward_end
+        if optimizer is not None:
+            optimizer.step()
+            step_end = self.now()
+        order = list(self.calls)  # in the order of their first call
+        if self.forward_order is None:
+            self.forward_order = order
+        elif order != self.forward_order:
+            raise ValueError("dearcomm: the model's modules ran in another order than in the first iteration; "
+                             "profile a model whose forward does the same work every iteration")
+        return dict(start=start, forward_end=forward_end, backward_end=backward_end, step_end=step_end,
+                    calls=self.calls, ready=self.ready)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _loss(model: nn.Module, batch, loss_fn) -> torch.Tensor:
+    if isinstance(batch, dict):
+        output = model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        output = model(batch[0])
+    else:
+        output = model(batch)
+    if loss_fn is not None:
+        loss = loss_fn(output, batch)
+    elif getattr(output, "loss", None) is not None:
+        loss = output.loss
+    elif isinstance(output, torch.Tensor):
+        loss = output if output.dim() == 0 else output.float().sum()
+    else:
+        raise ValueError(f"dearcomm: the model returned a {type(output).__name__} without .loss; give "
+                         "profile() a loss_fn(output, batch)")
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ValueError("dearcomm: loss_fn must return a scalar tensor")
+    return loss
+
+
+def _summarise(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn.Parameter, str],
+               iterations: int) -> TrainingProfile:
+    owned = _readers(probe.model, probe.forward_order, params)
+    order = [m for m in probe.forward_order if owned.get(m)]
+    no_grad = [params[p] for p in params if any(p not in s["ready"] for s in samples)]
+    if no_grad:
+        raise ValueError(f"dearcomm: {len(no_grad)} parameter(s) got no gradient: {no_grad[:8]}; every parameter "
+                         "that requires grad must take part in the loss")
+    forward = {m: [] for m in order}
+    backward = {m: [] for m in order}
+    for s in samples:
+        # Forward: from each module's first call to the next one's; before the first, counted with the first.
+        bounds = [s["start"]] + [s["calls"][m] for m in order[1:]] + [s["forward_end"]]
+        for i, m in enumerate(order):
+            forward[m].append(bounds[i + 1] - bounds[i])
+        # Backward, last module first: from the previous module's last gradient to this one's.
+        previous = s["forward_end"]
+        for i, m in enumerate(reversed(order)):
+            ready = max(s["ready"][p] for p in owned[m])
+            backward[m].append(max(0.0, ready - previous))
+            previous = max(previous, ready)
+        backward[order[0]][-1] += max(0.0, s["backward_end"] - previous)
+    ms = 1e3
+    modules = [ProfiledModule(probe.names[m], statistics.median(forward[m]) * ms, statistics.median(backward[m]) * ms,
+                              [ParamProfile(params[p], p.numel(), p.dtype,
+                                            statistics.median(s["ready"][p] - s["forward_end"] for s in samples) * ms)
+                               for p in owned[m]])
+               for m in order]
+    return TrainingProfile(
+        modules=modules,
+        step_ms=statistics.median(s["step_end"] - s["backward_end"] for s in samples) * ms,
+        forward_ms=statistics.median(s["forward_end"] - s["start"] for s in samples) * ms,
+        backward_ms=statistics.median(s["backward_end"] - s["forward_end"] for s in samples) * ms,
+        machine=_machine(probe.cuda), iterations=iterations)
+
+
+def _readers(model: nn.Module, called: List[nn.Module], params: Dict[nn.Parameter, str]
+             ) -> Dict[nn.Module, List[nn.Parameter]]:
+    """Which module's forward reads each parameter, as the engine decides it:
+    the first module in forward order that owns it (tied weights), or, for an
+    owner the forward never called (nn.MultiheadAttention reads out_proj's
+    weight without calling out_proj), its nearest called ancestor."""
+    parent: Dict[nn.Module, nn.Module] = {}
+    for module in model.modules():
+        for child in module.children():
+            parent.setdefault(child, module)
+    position = {m: i for i, m in enumerate(called)}
+    reader_of: Dict[nn.Parameter, nn.Module] = {}
+    for module in model.modules():
+        reader = module
+        while reader not in position and reader in parent:
+            reader = parent[reader]
+        if reader not in position:
+            continue
+        for p in module.parameters(recurse=False):
+            if p in params and (p not in reader_of or position[reader] < position[reader_of[p]]):
+                reader_of[p] = reader
+    missing = [name for p, name in params.items() if p not in reader_of]
+    if missing:
+        raise ValueError(f"dearcomm: {len(missing)} parameter(s) belong to no module the forward called: "
+                         f"{missing[:8]}; freeze them (requires_grad_(False)) or profile a model that uses them")
+    readers: Dict[nn.Module, List[nn.Parameter]] = {}
+    for p in params:  # registration order within a module
+        readers.setdefault(reader_of[p], []).append(p)
+    return readers
+
+
+def _machine(cuda: bool) -> Dict[str, Any]:
+    info = dict(torch=torch.__version__, python=platform.python_version(), platform=platform.platform(),
+                processor=platform.processor() or platform.machine(), cpu_count=os.cpu_count(),
+                torch_threads=torch.get_num_threads(), device="cpu")
+    if cuda:
+        info.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return info
+
+
+def _dominant_dtype(module: ProfiledModule) -> torch.dtype:
+    """The dtype most of the module's elements have (a module's parameters
+    almost always share one)."""
+    sizes: Dict[torch.dtype, int] = {}
+    for p in module.params:
+        sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel
+    return max(sizes, key=sizes.get)
+
+
+# ---- loading ---------------------------------------------------------------
+
+def _parse(data: Any, source: str) -> TrainingProfile:
+    def fail(what: str) -> ValueError:
+        return ValueError(f"dearcomm: {source}: {what}")
+
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise fail(f"not a dearcomm profile (expected a JSON object with \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise fail(f"profile version {data.get('version')!r}; this dearcomm reads version {VERSION}")
+
+    def time_ms(obj: Dict[str, Any], key: str, where: str) -> float:
+        if key not in obj:
+            raise fail(f"{where} has no {key!r}")
+        value = obj[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise fail(f"{where} has {key} = {value!r}; expected a finite number >= 0")
+        return float(value)
+
+    modules = data.get("modules")
+    if not isinstance(modules, list) or not modules:
+        raise fail("no modules")
+    parsed, names = [], set()
+    for i, m in enumerate(modules):
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+            raise fail(f"module {i} has no name")
+        where = f"module {m['name']!r}"
+        if m["name"] in names:
+            raise fail(f"{where} appears twice")
+        names.add(m["name"])
+        raw_params = m.get("params")
+        if not isinstance(raw_params, list) or not raw_params:
+            raise fail(f"{where} has no params")
+        params = []
+        for j, p in enumerate(raw_params):
+            pwhere = f"{where} param {p.get('name', j) if isinstance(p, dict) else j!r}"
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+                raise fail(f"{pwhere} has no name")
+            numel = p.get("numel")
+            if not isinstance(numel, int) or isinstance(numel, bool) or numel < 1:
+                raise fail(f"{pwhere} has numel = {numel!r}; expected an int >= 1")
+            dtype = getattr(torch, str(p.get("dtype")), None)
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise fail(f"{pwhere} has dtype {p.get('dtype')!r}; expected a floating dtype such as 'float32'")
+            params.append(ParamProfile(p["name"], numel, dtype, time_ms(p, "grad_ready_ms", pwhere)))
+        parsed.append(ProfiledModule(m["name"], time_ms(m, "forward_ms", where), time_ms(m, "backward_ms", where),
+                                     params))
+    iterations = data.get("iterations")
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise fail(f"iterations = {iterations!r}; expected an int >= 1")
+    machine = data.get("machine", {})
+    if not isinstance(machine, dict):
+        raise fail("machine must be an object")
+    return TrainingProfile(modules=parsed, step_ms=time_ms(data, "step_ms", "the profile"),
+                           forward_ms=time_ms(data, "forward_ms", "the profile"),
+                           backward_ms=time_ms(data, "backward_ms", "the profile"), machine=machine,
+                           iterations=iterations)

@@ -1,0 +1,235 @@
+"""dearcomm.profile(): per-module forward and backward times, gradient-ready
+times, parameter sizes in the engine's forward order and the optimizer step,
+measured on one process and read by dearcomm.simulate; profiles saved as JSON
+and checked field by field when loaded."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dearcomm
+from dearcomm import Network, TrainingProfile, simulate
+from tests.real_models import SPECS
+
+FORWARD_SLEEP_MS = 40.0
+BACKWARD_SLEEP_MS = 60.0
+
+
+class SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(BACKWARD_SLEEP_MS / 1e3)
+        return grad
+
+
+class SleepyForward(nn.Linear):
+    def forward(self, x):
+        time.sleep(FORWARD_SLEEP_MS / 1e3)
+        return super().forward(x)
+
+
+class Known(nn.Module):
+    """Registered a, b, c; called c, b, a. b sleeps in its forward; backward
+    sleeps right after a's gradient is produced, before b's (its output is the
+    input of b's SlowBackward), so the sleep is b's backward time."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = SleepyForward(8, 8)
+        self.c = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(SlowBackward.apply(self.b(self.c(x))))
+
+
+def loss_of(out, batch):
+    return out.square().mean()
+
+
+def test_times_land_on_the_module_that_spent_them():
+    torch.manual_seed(0)
+    model = Known()
+    prof = dearcomm.profile(model, torch.randn(4, 8), loss_fn=loss_of, iterations=3, warmup=1)
+    assert [m.name for m in prof.modules] == ["c", "b", "a"], "modules must be in the order of their first call"
+    by_name = {m.name: m for m in prof.modules}
+    assert by_name["b"].forward_ms >= FORWARD_SLEEP_MS
+    assert by_name["a"].forward_ms < FORWARD_SLEEP_MS / 2 and by_name["c"].forward_ms < FORWARD_SLEEP_MS / 2
+    # Backward runs a, then the sleep, then b: the sleep ends b's backward segment.
+    assert by_name["b"].backward_ms >= BACKWARD_SLEEP_MS
+    assert by_name["a"].backward_ms < BACKWARD_SLEEP_MS / 2 and by_name["c"].backward_ms < BACKWARD_SLEEP_MS / 2
+    ready = {p.name: p.grad_ready_ms for m in prof.modules for p in m.params}
+    assert ready["a.weight"] < BACKWARD_SLEEP_MS <= ready["b.weight"] <= ready["c.weight"]
+    assert [p.numel for m in prof.modules for p in m.params] == [64, 8] * 3
+    assert prof.step_ms == 0.0, "no optimizer, no step"
+
+
+def test_one_iteration_adds_up_to_the_whole():
+    """With one timed iteration the modules' forward times add up to the forward
+    and their backward times to the backward: nothing is lost or counted twice."""
+    spec = SPECS["resnet18"]
+    torch.manual_seed(0)
+    model = spec.build()
+    batch = spec.batch(torch.Generator().manual_seed(0), 2)
+    prof = dearcomm.profile(model, batch, torch.optim.SGD(model.parameters(), lr=0.1),
+                            loss_fn=lambda out, b: F.cross_entropy(out, b[1]), iterations=1, warmup=0)
+    assert sum(m.forward_ms for m in prof.modules) == pytest.approx(prof.forward_ms, rel=1e-9)
+    assert sum(m.backward_ms for m in prof.modules) == pytest.approx(prof.backward_ms, rel=1e-9)
+    assert prof.step_ms > 0
+    assert prof.num_params == len(list(model.parameters()))
+
+
+def test_profiling_trains_nothing():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    F.mse_loss(model(torch.randn(3, 8)), torch.zeros(3, 4)).backward()
+    optimizer.step()
+    model.eval()
+    params = [p.detach().clone() for p in model.parameters()]
+    state = {k: {n: v.clone() for n, v in s.items()} for k, s in optimizer.state_dict()["state"].items()}
+    dearcomm.profile(model, (torch.randn(5, 8), None), optimizer, loss_fn=lambda out, b: out.sum())
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+    after = optimizer.state_dict()["state"]
+    assert all(torch.equal(state[k][n], after[k][n]) for k in state for n in state[k])
+    assert not model.training, "the model's mode is restored"
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_parameters_are_read_where_the_engine_makes_them_current():
+    """A tied embedding counts once, at its first reader (GPT-2); an owner the
+    forward never calls gives its parameters to the nearest called ancestor
+    (nn.MultiheadAttention reads out_proj's weight without calling out_proj)."""
+    for name in ("hf-gpt2", "torchvision-vit", "hf-bert"):
+        model = _built(name)
+        prof = _profile_spec(SPECS[name], model)
+        names = [p.name for m in prof.modules for p in m.params]
+        assert sorted(names) == sorted(f"model.{n}" for n, _ in model.named_parameters()), name
+        assert len(names) == len(set(names)), f"{name}: a parameter counted twice"
+    vit = {m.name: [p.name for p in m.params] for m in _profile_spec(SPECS["torchvision-vit"],
+                                                                      _built("torchvision-vit")).modules}
+    attention = "model.encoder.layers.encoder_layer_0.self_attention"
+    assert f"{attention}.out_proj.weight" in vit[attention]
+
+
+def _built(name):
+    torch.manual_seed(0)
+    return SPECS[name].build()
+
+
+def _profile_spec(spec, model):
+    """The spec's own loss, which calls the model itself: profile() gets a thin
+    module that returns it (a dict batch is passed as keywords)."""
+    return dearcomm.profile(_CallsLoss(model, spec), {"batch": spec.batch(torch.Generator().manual_seed(0), 2)},
+                            iterations=1, warmup=0)
+
+
+class _CallsLoss(nn.Module):
+    def __init__(self, model, spec):
+        super().__init__()
+        self.model = model
+        self.spec = spec
+
+    def forward(self, batch):
+        return self.spec.loss(self.model, batch)[0]
+
+
+def test_hugging_face_output_loss_and_dict_batches():
+    spec = SPECS["hf-bert"]
+    torch.manual_seed(0)
+    model = spec.build()
+    ids, labels = spec.batch(torch.Generator().manual_seed(0), 2)
+    prof = dearcomm.profile(model, {"input_ids": ids, "labels": labels}, iterations=1, warmup=0)
+    assert prof.modules[0].name == "bert.embeddings.word_embeddings"
+    assert prof.modules[-1].name == "classifier"
+
+
+def test_save_load_and_simulate(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    prof = dearcomm.profile(model, torch.randn(16, 64), torch.optim.SGD(model.parameters(), lr=0.1), iterations=2)
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    loaded = TrainingProfile.load(path)
+    assert loaded == prof
+    assert loaded.machine["torch"] == torch.__version__
+    network = Network(alpha_us=30, gbit_s=10)
+    direct = simulate(loaded, world_size=4, network=network)
+    listed = simulate(loaded.for_simulation(), world_size=4, network=network, step_ms=loaded.step_ms)
+    assert direct.iteration_ms == listed.iteration_ms
+    assert direct.iteration_ms >= loaded.forward_ms + loaded.backward_ms - 1e-6
+    no_step = simulate(loaded, world_size=4, network=network, step_ms=0.0)
+    assert no_step.iteration_ms <= direct.iteration_ms
+
+
+def _saved(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    prof = dearcomm.profile(model, torch.randn(2, 4), iterations=1, warmup=0)
+    return prof.to_dict()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["modules"][1].pop("backward_ms"), "module '1' has no 'backward_ms'"),
+    (lambda d: d["modules"][0].update(forward_ms=-1.0), "module '0' has forward_ms = -1.0"),
+    (lambda d: d["modules"][0].update(forward_ms=math.nan), "module '0' has forward_ms = nan"),
+    (lambda d: d["modules"][0]["params"][0].update(grad_ready_ms=math.inf), "grad_ready_ms = inf"),
+    (lambda d: d["modules"][0]["params"][0].update(numel=0), "numel = 0"),
+    (lambda d: d["modules"][0]["params"][0].update(dtype="int64"), "dtype 'int64'"),
+    (lambda d: d.update(step_ms=math.nan), "step_ms = nan"),
+    (lambda d: d.update(modules=[]), "no modules"),
+    (lambda d: d["modules"].append(dict(d["modules"][0])), "module '0' appears twice"),
+    (lambda d: d.update(version=99), "profile version 99"),
+    (lambda d: d.pop("format"), "not a dearcomm profile"),
+])
+def test_a_bad_profile_names_what_is_wrong(tmp_path, edit, message):
+    data = _saved(tmp_path)
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="dearcomm: .*" + message.replace("(", r"\(").replace(")", r"\)")):
+        TrainingProfile.load(path)
+
+
+def test_bad_calls_are_refused():
+    model = nn.Linear(4, 2)
+    ddp = nn.parallel.DistributedDataParallel.__new__(nn.parallel.DistributedDataParallel)  # no group needed
+    with pytest.raises(ValueError, match="before dearcomm.wrap"):
+        dearcomm.profile(ddp, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="iterations must be an int >= 1"):
+        dearcomm.profile(model, torch.randn(2, 4), iterations=0)
+    with pytest.raises(ValueError, match="loss_fn must return a scalar"):
+        dearcomm.profile(model, torch.randn(2, 4), loss_fn=lambda out, b: out)
+    for model in (_UsesOne(), _DetachesOne()):
+        with pytest.raises(ValueError, match=r"2 parameter\(s\) got no gradient: \['(unused|a).weight', '\1.bias'\]"):
+            dearcomm.profile(model, torch.randn(2, 4))
+
+
+class _UsesOne(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 2)
+        self.unused = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+class _DetachesOne(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x).detach())
