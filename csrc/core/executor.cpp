@@ -34,6 +34,7 @@ Executor::Executor(Layout layout, std::vector<std::string> names, std::unique_pt
       device_(device),
       rank_(rank),
       reduction_(policy_ ? policy_->reduction() : Collective::kAllReduce),
+      waited_(policy_ ? policy_->reductions_waited() : ReductionsWaited::kInStep),
       timing_(policy_ ? update_timing(policy_->update_strategy()) : UpdateTiming{}),
       delay_(delays_of(policy_.get(), layout_.num_buckets())),
       machine_(plus_one(delay_)),
@@ -65,8 +66,7 @@ void Executor::check_delays() const {
                           ", which the schedule policy delays differently");
     }
   }
-  DEARCOMM_CORE_CHECK(!any || (timing_.averages_to_grad &&
-                               policy_->reductions_waited() != ReductionsWaited::kInNextForward),
+  DEARCOMM_CORE_CHECK(!any || (timing_.averages_to_grad && finished_by(Moment::kStepBegins)),
                       std::invalid_argument, "dearcomm: a schedule policy delays buckets with update strategy ",
                       to_string(policy_->update_strategy()), " and reductions waited ",
                       to_string(policy_->reductions_waited()), "; delays need full_after_reduction, waited by step()");
@@ -205,8 +205,7 @@ void Executor::end_backward() {
                         "dearcomm: the schedule policy never issued the reduction of bucket ", b);
   }
   device_.reductions_issued();
-  if (policy_->reductions_waited() == ReductionsWaited::kWhenBackwardReturns ||
-      device_.reductions_read_user_memory()) {
+  if (finished_by(Moment::kBackwardEnds) || device_.reductions_read_user_memory()) {
     finish_reductions();
   }
 }
@@ -266,13 +265,13 @@ void Executor::step_done(int64_t b) {
 void Executor::begin_step(bool averages_needed) {
   DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
                       "dearcomm: optimizer.step() called without a backward since the last step");
-  if (averages_needed || policy_->reductions_waited() != ReductionsWaited::kInNextForward) {
+  if (averages_needed || finished_by(Moment::kStepBegins)) {
     finish_reductions();
   }
 }
 
 void Executor::end_step() {
-  const bool in_forward = policy_->reductions_waited() == ReductionsWaited::kInNextForward;
+  const bool in_forward = !finished_by(Moment::kStepBegins);  // the next forward waits for them
   const bool reductions_pending = in_forward && state() == IterationState::kBackward;
   DEARCOMM_CORE_CHECK(state() == IterationState::kReduced || reductions_pending, std::runtime_error,
                       "dearcomm: the step's gathers need finished reductions, state is ", to_string(state()));

@@ -102,6 +102,8 @@ class Executor {
   void apply(int64_t bucket);
   bool all_current() const;
   int64_t this_slot(int64_t bucket) const { return slot(bucket, iteration_); }
+  // Whether the policy's reductions have finished by `moment` (the wait table, core/states.cpp).
+  bool finished_by(Moment moment) const { return reductions_finished_by(waited_, moment); }
   // The iteration whose averages this step applies to bucket `bucket` (< 0: none yet).
   int64_t due_iteration(int64_t bucket) const { return iteration_ - delay_[bucket]; }
   void check_bucket_index(int64_t bucket) const;
@@ -113,6 +115,7 @@ class Executor {
   Device& device_;
   const int rank_;
   const Collective reduction_;
+  const ReductionsWaited waited_;
   const UpdateTiming timing_;
   const std::vector<int64_t> delay_;   // per bucket, the policy's
   StateMachine machine_;

@@ -44,7 +44,42 @@ constexpr BucketRow kBucketTable[] = {
     {B::kReduced, BucketAction::kStepDone, B::kCurrent},
 };
 
+struct WaitRow {
+  ReductionsWaited where;
+  Moment moment;
+  bool finished;
+};
+
+// By when a policy's reductions have finished (a clipping, a GradScaler or a
+// flush may finish them sooner: the executor's finish_reductions).
+constexpr WaitRow kWaitTable[] = {
+    {ReductionsWaited::kWhenBackwardReturns, Moment::kBackwardEnds, true},
+    {ReductionsWaited::kWhenBackwardReturns, Moment::kStepBegins, true},
+    {ReductionsWaited::kInStep, Moment::kBackwardEnds, false},
+    {ReductionsWaited::kInStep, Moment::kStepBegins, true},
+    {ReductionsWaited::kInNextForward, Moment::kBackwardEnds, false},
+    {ReductionsWaited::kInNextForward, Moment::kStepBegins, false},
+};
+
 }  // namespace
+
+bool reductions_finished_by(ReductionsWaited where, Moment moment) {
+  for (const WaitRow& row : kWaitTable) {
+    if (row.where == where && row.moment == moment) {
+      return row.finished;
+    }
+  }
+  throw std::logic_error(core::concat("dearcomm: internal error: no wait rule for ", to_string(where), " at ",
+                                      to_string(moment)));
+}
+
+const char* to_string(Moment moment) {
+  switch (moment) {
+    case Moment::kBackwardEnds: return "backward_ends";
+    case Moment::kStepBegins: return "step_begins";
+  }
+  return "?";
+}
 
 const char* to_string(IterationState state) {
   switch (state) {

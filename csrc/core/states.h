@@ -56,6 +56,18 @@ enum class BucketAction {
 const char* to_string(IterationEvent event);
 const char* to_string(BucketAction action);
 
+// Where a policy's reductions are waited (SchedulePolicy::reductions_waited)
+// as the moments of an iteration by which all of them must have finished; the
+// wait table in states.cpp is the one place that says what each wait point
+// means. What is not finished by step() is waited by the next forward, bucket
+// by bucket.
+enum class Moment {
+  kBackwardEnds,  // backward returns
+  kStepBegins,    // optimizer.step() begins
+};
+const char* to_string(Moment moment);
+bool reductions_finished_by(ReductionsWaited where, Moment moment);
+
 // One change, as recorded: `bucket` is -1 for an iteration event.
 struct Transition {
   int64_t sequence;
