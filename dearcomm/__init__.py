@@ -15,10 +15,11 @@ from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, 
 from ._wrap import wrap
 from .prediction import ModuleProfile, Network, Prediction, simulate
 from .profiler import TrainingProfile, profile
+from .contention import fit_compute_slowdown
 
 __version__ = "0.1.0"
 __all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
-           "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile",
+           "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile", "fit_compute_slowdown",
            "fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS"]
 
 _NETWORK_FIT = ("fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS")

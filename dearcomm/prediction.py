@@ -43,10 +43,14 @@ class ModuleProfile:
 class Network:
     """α–β cost of a ring collective: ``alpha_us`` per ring step, ``gbit_s``
     of bandwidth. ``per_kind`` overrides both for "reduce_scatter",
-    "all_gather" or "all_reduce" as {kind: (alpha_us, gbit_s)}."""
+    "all_gather" or "all_reduce" as {kind: (alpha_us, gbit_s)}.
+    ``compute_slowdown``: how many times longer compute takes while a
+    collective runs beside it, where both share the cores (gloo on a CPU:
+    measure it with benchmarks/contention.py); 1 where they do not."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
+    compute_slowdown: float = 1.0
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)}"""
@@ -164,8 +168,13 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not numels:
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
     layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes)
-    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.choice, network.costs(),
-                      iterations)
+    costs = network.costs()
+    slowdown = network.compute_slowdown
+    if not isinstance(slowdown, (int, float)) or isinstance(slowdown, bool) or not math.isfinite(slowdown) \
+            or slowdown < 1:
+        raise ValueError(f"dearcomm: Network.compute_slowdown must be a finite factor >= 1, got {slowdown!r}")
+    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.choice, costs, iterations,
+                      float(slowdown))
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

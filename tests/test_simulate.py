@@ -8,6 +8,7 @@ bandwidth at which a reduce-scatter or all-gather of 1 MiB takes 1 ms (an
 all-reduce 2 ms); the optimizer takes 2 ms over the whole model (sharded: 1 ms
 for the half a rank owns; replicated: 2/3 ms per parameter, in the forward).
 """
+import dataclasses
 import math
 
 import pytest
@@ -74,6 +75,43 @@ def test_hand_computed_timeline(schedule, update):
     assert p.iteration_ms == pytest.approx(iteration_ms, abs=1e-9)
 
 
+# Compute runs twice as long while a collective is in flight (cores shared with
+# the transport): each span below is its work stretched over the busy parts.
+SLOW = dataclasses.replace(NETWORK, compute_slowdown=2.0)
+EXPECTED_SLOWED = {
+    ("wfbp", "replicated"): (15.0, [
+        # it 0: fwd [0,3]; bwd m2 [3,5] -> AR2 [5,7]; m1 from 5: half speed to 7 (1 ms of work), done at 8
+        # -> AR1 [8,10]; m0 from 8: done at 11 -> AR0 [11,13]; waited at 13; step [13,15]
+        ("all_reduce", 2, 0, 5, 7), ("all_reduce", 1, 0, 8, 10), ("all_reduce", 0, 0, 11, 13),
+        # it 1 starts at 15: fwd [15,18], bwd m2 [18,20], ... the same shifted by 15
+        ("all_reduce", 2, 1, 20, 22), ("all_reduce", 1, 1, 23, 25), ("all_reduce", 0, 1, 26, 28),
+    ]),
+    ("dear", "sharded"): (14.0, [
+        # it 0: bwd m2 [3,5] -> RS2 [5,6]; m1 from 5: 0.5 ms of work by 6, done at 7.5 -> RS1 [7.5,8.5];
+        # m0 done at 10 -> RS0 [10,11]; step waits to 11, shard [11,12], AGs issued at 12
+        ("reduce_scatter", 2, 0, 5, 6), ("reduce_scatter", 1, 0, 7.5, 8.5), ("reduce_scatter", 0, 0, 10, 11),
+        # it 1 starts at 12: waits AG0 (13); fwd m0 beside AG1, AG2: half speed, done at 15; m1 [15,16], m2 [16,17]
+        ("all_gather", 0, 0, 12, 13), ("all_gather", 1, 0, 13, 14), ("all_gather", 2, 0, 14, 15),
+        # bwd m2 [17,19] -> RS2 [19,20]; m1 done at 21.5 -> RS1; m0 done at 24 -> RS0 [24,25]; step [25,26]
+        ("reduce_scatter", 2, 1, 19, 20), ("reduce_scatter", 1, 1, 21.5, 22.5), ("reduce_scatter", 0, 1, 24, 25),
+        ("all_gather", 0, 1, 26, 27), ("all_gather", 1, 1, 27, 28), ("all_gather", 2, 1, 28, 29),
+    ]),
+}
+
+
+@pytest.mark.parametrize("schedule,update", list(EXPECTED_SLOWED))
+def test_hand_computed_timeline_with_compute_slowed_beside_collectives(schedule, update):
+    iteration_ms, expected = EXPECTED_SLOWED[(schedule, update)]
+    p = dearcomm.simulate(PROFILE, schedule=schedule, update=update, world_size=2, network=SLOW, step_ms=2.0,
+                          bucket_mb=0, iterations=2)
+    got = [(op["kind"], op["bucket"], op["iteration"], op["start_ms"], op["end_ms"]) for op in p.ops]
+    assert len(got) == len(expected), got
+    for g, e in zip(got, expected):
+        assert g[:3] == e[:3] and g[3] == pytest.approx(e[3], abs=1e-9) and g[4] == pytest.approx(e[4], abs=1e-9), \
+            (g, e)
+    assert p.iteration_ms == pytest.approx(iteration_ms, abs=1e-9)
+
+
 def test_replicated_updates_each_parameter_before_its_forward():
     p = dearcomm.simulate(PROFILE, schedule="dear", update="replicated", world_size=2, network=NETWORK, step_ms=2.0,
                           bucket_mb=0, iterations=2)
@@ -114,6 +152,8 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
     (dict(iterations=0), ValueError, "iterations must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=0.5)), ValueError, "compute_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),

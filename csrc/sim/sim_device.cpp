@@ -15,8 +15,31 @@ SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const C
 }
 
 void SimDevice::compute(const std::string& name, double seconds) {
-  spans_.push_back({name, iteration_, now_, now_ + seconds});
-  now_ += seconds;
+  const double slowdown = cost_.compute_slowdown();
+  double t = now_;
+  double work = seconds;  // left, in idle-machine seconds
+  while (!busy_.empty() && busy_.front().second <= t) {
+    busy_.pop_front();  // ended before this span
+  }
+  for (const auto& [start, end] : busy_) {
+    if (work <= 0) {
+      break;
+    }
+    if (t < start) {  // the channel is idle until `start`
+      const double idle = std::min(work, start - t);
+      t += idle;
+      work -= idle;
+      if (work <= 0) {
+        break;
+      }
+    }
+    const double shared = std::min(work * slowdown, end - t);  // wall time beside the collective
+    t += shared;
+    work -= shared / slowdown;
+  }
+  t += std::max(0.0, work);
+  spans_.push_back({name, iteration_, now_, t});
+  now_ = t;
 }
 
 std::vector<int64_t> SimDevice::begin_backward() {
@@ -43,6 +66,7 @@ void SimDevice::issue(const Op& op) {
   const double start = std::max(now_, channel_free_);
   const double end = start + cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes);
   channel_free_ = end;
+  busy_.emplace_back(start, end);
   in_flight_[{op.bucket, op.slot}] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, start, end};
 }
 

@@ -3,7 +3,9 @@
 // one communication channel that runs collectives one at a time in issue
 // order (as the real backends do: one NCCL stream; gloo pairs in posting
 // order), each taking what the CostModel says. A wait moves the compute
-// stream to the collective's end. It records what the real device traces
+// stream to the collective's end. While the channel is busy, compute runs
+// CostModel::compute_slowdown() times longer (cores shared with the
+// transport). It records what the real device traces
 // (launch, completion, wait), so a prediction draws like a measurement.
 // Standard C++ only.
 #pragma once
@@ -13,6 +15,7 @@
 #include "sim/cost_model.h"
 #include "sim/profile.h"
 
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -45,6 +48,7 @@ class SimDevice final : public core::Device {
   // between eligibility events, from the previous backward's spacing).
   SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model);
 
+  // `seconds` of work on an idle machine: longer where a collective runs beside it.
   void compute(const std::string& name, double seconds);
   double now() const { return now_; }
   void set_iteration(int64_t iteration) { iteration_ = iteration; }
@@ -68,6 +72,7 @@ class SimDevice final : public core::Device {
   int64_t total_numel_ = 0;
   double now_ = 0.0;           // the compute stream
   double channel_free_ = 0.0;  // the communication channel
+  std::deque<std::pair<double, double>> busy_;  // the channel's (start, end) from now_ on, in order
   int64_t iteration_ = 0;
   std::map<std::pair<int64_t, int64_t>, SimOp> in_flight_;  // per (bucket, slot): its latest collective
   std::vector<SimOp> ops_;        // waited for, in wait order

@@ -1,0 +1,96 @@
+"""How much a collective in flight slows the compute beside it, as one
+measured factor for the simulator (Network.compute_slowdown).
+
+On a CPU, gloo's transport and dearcomm's summing run on the cores that
+compute: a forward+backward that takes w seconds alone takes longer while a
+collective runs. The simulator models that as compute running κ times slower
+while its channel is busy. benchmarks/contention.py times compute iterations
+alone and beside a stream of collectives, and records for each iteration the
+fraction c of its wall time the channel was busy; an iteration of work w
+that took `wall` then spent wall·(1-c) alone and did the rest of its work at
+1/κ speed:
+
+    w = wall·(1-c) + wall·c/κ   =>   κ = wall·c / (w - wall·(1-c))
+
+fit_compute_slowdown() solves that per iteration (w: the median alone) and
+takes the median over iterations the channel covered for at least half.
+
+    fit = dearcomm.fit_compute_slowdown("results/contention.json")
+    network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Optional, Sequence, Tuple, Union
+
+MIN_COVERAGE = 0.5  # below it, κ's estimate divides by a small difference: too noisy to use
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowdownFit:
+    slowdown: float
+    """κ >= 1: compute takes κ times longer while a collective runs."""
+    alone_ms: float
+    """Median compute iteration alone."""
+    used: int
+    """Iterations beside collectives that entered the estimate."""
+    spread: Tuple[float, float]
+    """The lowest and highest per-iteration estimate used."""
+
+    def __str__(self) -> str:
+        return (f"compute_slowdown {self.slowdown:.3f} (median of {self.used} iterations, "
+                f"range {self.spread[0]:.3f}-{self.spread[1]:.3f}; compute alone {self.alone_ms:.2f} ms)")
+
+
+def _positive(value, what: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise ValueError(f"dearcomm: {what} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def fit_compute_slowdown(measurements: Union[str, Path, dict, None] = None, *,
+                         alone_s: Optional[Sequence[float]] = None,
+                         beside: Optional[Sequence[Tuple[float, float]]] = None) -> SlowdownFit:
+    """κ from benchmarks/contention.py's JSON (a path or its dict), or from
+    `alone_s` (compute iterations alone, seconds) and `beside` ((wall seconds,
+    fraction of it the channel was busy) per iteration beside collectives)."""
+    if measurements is not None:
+        data = measurements
+        if not isinstance(data, dict):
+            try:
+                data = json.loads(Path(measurements).read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"dearcomm: {measurements} is not JSON: {e}") from None
+        try:
+            alone_s, beside = data["alone_s"], [tuple(x) for x in data["beside"]]
+        except (KeyError, TypeError):
+            raise ValueError(f"dearcomm: {measurements if not isinstance(measurements, dict) else 'the dict'} "
+                             "has no 'alone_s' and 'beside' lists (benchmarks/contention.py --json writes them)"
+                             ) from None
+    if not alone_s or not beside:
+        raise ValueError("dearcomm: fit_compute_slowdown needs compute iterations alone and beside collectives")
+    alone = [_positive(t, "a compute time alone") for t in alone_s]
+    w = statistics.median(alone)
+    estimates = []
+    for wall, covered in beside:
+        wall = _positive(wall, "a compute time beside collectives")
+        ok = isinstance(covered, (int, float)) and not isinstance(covered, bool) and 0 <= covered <= 1
+        if not ok:
+            raise ValueError(f"dearcomm: the busy fraction of an iteration must be in [0, 1], got {covered!r}")
+        if covered < MIN_COVERAGE:
+            continue
+        alone_part = wall * (1 - covered)
+        if w - alone_part <= 0:  # took no longer than alone: no slowdown, within noise
+            estimates.append(1.0)
+            continue
+        estimates.append(max(1.0, wall * covered / (w - alone_part)))
+    if not estimates:
+        raise ValueError(f"dearcomm: no iteration beside collectives was covered for at least {MIN_COVERAGE:.0%} "
+                         "of its time; run longer collectives (benchmarks/contention.py --mib)")
+    return SlowdownFit(slowdown=statistics.median(estimates), alone_ms=w * 1e3, used=len(estimates),
+                       spread=(min(estimates), max(estimates)))

@@ -1,0 +1,62 @@
+"""fit_compute_slowdown(): the simulator's compute slowdown beside collectives,
+recovered from timings (dearcomm/contention.py, benchmarks/contention.py)."""
+import json
+import random
+
+import pytest
+
+import dearcomm
+from dearcomm.contention import fit_compute_slowdown
+
+WORK_S = 0.010
+
+
+def wall(work_s, covered, slowdown):
+    """An iteration of `work_s` whose wall time a collective covers for the
+    fraction `covered`: w = wall·(1-c) + wall·c/κ."""
+    return work_s / ((1 - covered) + covered / slowdown)
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.25, 1.6, 3.0])
+def test_recovers_a_known_slowdown(slowdown):
+    rng = random.Random(0)
+    alone = [WORK_S * rng.uniform(0.98, 1.02) for _ in range(12)]
+    beside = []
+    for _ in range(40):
+        c = rng.uniform(0.3, 1.0)  # some iterations only partly covered, as at the ends of the stream
+        beside.append((wall(WORK_S, c, slowdown) * rng.uniform(0.98, 1.02), c))
+    fit = fit_compute_slowdown(alone_s=alone, beside=beside)
+    assert fit.slowdown == pytest.approx(slowdown, rel=0.04)
+    assert fit.used == sum(c >= 0.5 for _, c in beside)
+    assert fit.alone_ms == pytest.approx(WORK_S * 1e3, rel=0.02)
+
+
+def test_exact_when_fully_covered():
+    fit = fit_compute_slowdown(alone_s=[WORK_S] * 3, beside=[(WORK_S * 1.3, 1.0)] * 5)
+    assert fit.slowdown == pytest.approx(1.3, rel=1e-12)
+
+
+def test_reads_the_benchmark_json(tmp_path):
+    path = tmp_path / "contention.json"
+    path.write_text(json.dumps(dict(alone_s=[WORK_S] * 4, beside=[[wall(WORK_S, 0.8, 1.5), 0.8]] * 4)))
+    assert dearcomm.fit_compute_slowdown(path).slowdown == pytest.approx(1.5, rel=1e-9)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(alone_s=[], beside=[(0.01, 1.0)]), "needs compute iterations alone and beside"),
+    (dict(alone_s=[-0.01], beside=[(0.01, 1.0)]), "compute time alone must be a finite number > 0"),
+    (dict(alone_s=[float("nan")], beside=[(0.01, 1.0)]), "compute time alone must be"),
+    (dict(alone_s=[0.01], beside=[(float("inf"), 1.0)]), "compute time beside collectives must be"),
+    (dict(alone_s=[0.01], beside=[(0.01, 1.5)]), r"busy fraction .* must be in \[0, 1\], got 1.5"),
+    (dict(alone_s=[0.01], beside=[(0.012, 0.2)]), "no iteration beside collectives was covered"),
+])
+def test_bad_timings_get_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match="dearcomm: .*" + match):
+        fit_compute_slowdown(**kwargs)
+
+
+def test_a_file_without_timings_is_refused(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="has no 'alone_s' and 'beside'"):
+        fit_compute_slowdown(path)
