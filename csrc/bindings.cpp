@@ -393,6 +393,7 @@ PYBIND11_MODULE(_C, m) {
           "Tests: run every later backward on this link model (bytes drained before each eligibility event), "
           "measuring nothing; on every rank, outside a backward.")
       .def("set_tracing", &Engine::set_tracing, py::arg("on"))
+      .def_property_readonly("tracing", &Engine::tracing, "Whether collectives are being recorded for take_trace().")
       .def("take_trace", [](Engine& engine) {
         py::list out;
         for (const TraceEvent& e : engine.take_trace()) {

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ._runtime import DearRuntime
+from .overlap import OverlapReport
 
 _classes: Dict[Type[nn.Module], Type[nn.Module]] = {}
 
@@ -63,6 +64,13 @@ class DearModule:
         """As optimizer.zero_grad(): a .grad that is a view into its gradient
         bucket is zero-filled in place and kept, whatever ``set_to_none`` says."""
         self._dear.zero_grad(list(self.parameters()), set_to_none)
+
+    def overlap_report(self) -> OverlapReport:
+        """How much of this rank's communication ran beside compute, measured
+        over 10 iterations after the first 3 (dearcomm/overlap.py): iteration,
+        compute, communication and exposed communication times (medians) and
+        the perfect-overlap bound. Raises until those iterations have run."""
+        return self._dear.overlap.get()
 
     def register_update_hook(self, hook):
         """Calls ``hook([(name, parameter), ...])`` for each bucket once its

@@ -43,6 +43,7 @@ from torch import nn
 
 from . import _C, _cuda
 from ._options import WrapOptions
+from .overlap import OverlapMonitor
 from ._update import strategy_class
 from ._weak import weakly
 
@@ -129,6 +130,7 @@ class DearRuntime:
         self._forward_handles: Dict[nn.Module, object] = {}
         self._handles = []
         self.closed = False  # close() was called
+        self.overlap = OverlapMonitor(self)  # model.overlap_report()
 
         for sub in module.modules():
             owned = [p for p in sub.parameters(recurse=False) if p in self.names]
@@ -252,6 +254,7 @@ class DearRuntime:
     def after_step(self) -> None:
         """Called by the optimizer at the end of step(): which buckets' update
         hooks are due once their parameters are current."""
+        self.overlap.step_ended()
         if not self._update_hooks:
             return
         self._unreported = list(range(len(self.engine.layout.buckets)))

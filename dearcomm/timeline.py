@@ -61,6 +61,7 @@ class Timeline:
         runtime = getattr(model, "_dear", None)
         if runtime is not None:
             self._runtime = runtime
+            runtime.overlap.give_trace_away("a dearcomm.timeline.Timeline took the engine's trace")
             if runtime.engine is not None:
                 runtime.engine.set_tracing(True)
             else:

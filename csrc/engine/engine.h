@@ -158,6 +158,7 @@ class Engine final : private core::Device {
 
   // Timeline: off by default; when on, every collective leaves a TraceEvent.
   void set_tracing(bool on) { tracing_ = on; }
+  bool tracing() const { return tracing_; }
   std::vector<TraceEvent> take_trace();
 
   const BucketLayout& layout() const { return layout_; }

@@ -1,0 +1,151 @@
+"""Is my communication actually overlapped? model.overlap_report() answers from
+a window of measured iterations.
+
+The engine traces its collectives (launch, completion, and when the training
+thread waited for each) over `WINDOW` iterations after `WARMUP` ones; an
+iteration runs from one step() end to the next. Per iteration:
+
+    communication  the time some collective was in flight (the union of
+                   launch-to-completion intervals)
+    exposed        the time the training thread waited for a collective
+    compute        the iteration minus the exposed communication (forward,
+                   backward, step and Python, as slowed by anything beside it)
+    bound          max(compute, communication): perfect overlap
+
+The report gives their medians. DEARCOMM_OVERLAP_REPORT=1 logs it once on
+rank 0 when the window is complete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import statistics
+import time
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger("dearcomm")
+
+WARMUP = 3   # iterations before the window: the first builds the engine and the allocator warms up
+WINDOW = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapReport:
+    iterations: int
+    iteration_ms: float
+    compute_ms: float
+    communication_ms: float
+    exposed_ms: float
+    """Communication the training thread waited for."""
+    schedule: str
+
+    @property
+    def hidden(self) -> float:
+        """The share of communication that ran beside compute (1: all of it)."""
+        return 1.0 - self.exposed_ms / self.communication_ms if self.communication_ms > 0 else 1.0
+
+    @property
+    def bound_ms(self) -> float:
+        """Perfect overlap: the longer of compute and communication."""
+        return max(self.compute_ms, self.communication_ms)
+
+    def __str__(self) -> str:
+        return (f"dearcomm overlap ({self.schedule}, median of {self.iterations} iterations): iteration "
+                f"{self.iteration_ms:.2f} ms = compute {self.compute_ms:.2f} ms + exposed communication "
+                f"{self.exposed_ms:.2f} ms; communication {self.communication_ms:.2f} ms, {self.hidden:.0%} hidden; "
+                f"perfect overlap would take {self.bound_ms:.2f} ms ({self.iteration_ms / self.bound_ms:.2f}x that)"
+                if self.bound_ms > 0 else f"dearcomm overlap ({self.schedule}): nothing measured")
+
+
+def _union_ns(intervals: List[Tuple[int, int]]) -> int:
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def overlap_of(events: Sequence[Dict], boundaries: Sequence[int], schedule: str = "") -> OverlapReport:
+    """The report of traced collectives (engine.take_trace() dicts, steady
+    clock ns) over the iterations between consecutive `boundaries` (ns)."""
+    if len(boundaries) < 2:
+        raise ValueError("dearcomm: an overlap report needs at least one whole iteration (two step() ends)")
+    per = []
+    for start, end in zip(boundaries, boundaries[1:]):
+        busy, waited = [], 0
+        for e in events:
+            done = e["completed_ns"] if e["completed_ns"] >= 0 else e["wait_end_ns"]
+            a, b = max(start, e["launched_ns"]), min(end, done)
+            if b > a:
+                busy.append((a, b))
+            if e["wait_begin_ns"] >= 0:
+                a, b = max(start, e["wait_begin_ns"]), min(end, e["wait_end_ns"])
+                waited += max(0, b - a)
+        length = end - start
+        per.append((length, length - waited, _union_ns(busy), waited))
+    ms = 1e-6
+    return OverlapReport(iterations=len(per), iteration_ms=statistics.median(p[0] for p in per) * ms,
+                         compute_ms=statistics.median(p[1] for p in per) * ms,
+                         communication_ms=statistics.median(p[2] for p in per) * ms,
+                         exposed_ms=statistics.median(p[3] for p in per) * ms, schedule=schedule)
+
+
+class OverlapMonitor:
+    """Records the window for one wrapped model (the runtime calls step_ended())."""
+
+    def __init__(self, runtime, warmup: int = WARMUP, window: int = WINDOW):
+        self._runtime = weakref.ref(runtime)  # the runtime owns this: no cycle that delays its release
+        self._warmup, self._window = warmup, window
+        self._steps = 0
+        self._boundaries: List[int] = []
+        self._events: List[Dict] = []
+        self.report: Optional[OverlapReport] = None
+        self.unavailable = ""  # why there is no report, where there cannot be one
+        self._log = os.environ.get("DEARCOMM_OVERLAP_REPORT", "0") not in ("", "0")
+
+    def step_ended(self) -> None:
+        if self.report is not None or self.unavailable:
+            return
+        self._steps += 1
+        runtime = self._runtime()
+        engine = runtime.engine
+        now = time.perf_counter_ns()  # CLOCK_MONOTONIC, as the engine's steady_clock
+        if self._steps == self._warmup:
+            if engine.tracing:
+                self.unavailable = "a dearcomm.timeline.Timeline holds the engine's trace"
+                return
+            engine.set_tracing(True)
+            self._boundaries = [now]
+            return
+        if self._steps < self._warmup:
+            return
+        self._boundaries.append(now)
+        self._events += engine.take_trace()
+        if len(self._boundaries) > self._window:
+            engine.set_tracing(False)
+            options = runtime.options
+            self.report = overlap_of(self._events, self._boundaries, f"{options.schedule}/{options.update}")
+            self._events = []
+            if self._log and runtime.rank == 0:
+                logger.info("%s", self.report)
+
+    def give_trace_away(self, reason: str) -> None:
+        """Someone else (a Timeline) takes the engine's trace from now on."""
+        if self.report is None and not self.unavailable:
+            self.unavailable = reason
+            self._events = []
+
+    def get(self) -> OverlapReport:
+        if self.report is not None:
+            return self.report
+        if self.unavailable:
+            raise RuntimeError(f"dearcomm: no overlap report: {self.unavailable}")
+        left = self._warmup + self._window - self._steps
+        raise RuntimeError(f"dearcomm: the overlap report needs {left} more optimizer.step()s "
+                           f"({self._warmup} warm-up iterations, then {self._window} measured)")

@@ -1,0 +1,100 @@
+"""model.overlap_report(): how much communication ran beside compute,
+measured from the engine's traced collectives over a window of iterations
+(dearcomm/overlap.py)."""
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dearcomm
+from dearcomm.overlap import WARMUP, WINDOW, overlap_of
+from tests.models import MixedNet, batches, local_slice
+from tests.multiprocess import run_workers
+
+MS = 1_000_000
+
+
+def event(launched, completed, wait_begin=-1, wait_end=-1):
+    return dict(kind="all_reduce", bucket=0, launched_ns=launched * MS, completed_ns=completed * MS,
+                wait_begin_ns=wait_begin * MS if wait_begin >= 0 else -1,
+                wait_end_ns=wait_end * MS if wait_end >= 0 else -1)
+
+
+def test_hand_computed_report():
+    # Iteration [0, 10]: collectives [2, 6] and [5, 8] (busy 2..8: 6 ms), waited [7, 8].
+    # Iteration [10, 30]: [12, 14] and [20, 31] (busy 2 + 10 ms inside it), waited [28, 30].
+    events = [event(2, 6, 3, 3), event(5, 8, 7, 8), event(12, 14), event(20, 31, 28, 30)]
+    report = overlap_of(events, [0, 10 * MS, 30 * MS], "dear/sharded")
+    assert report.iterations == 2
+    assert report.iteration_ms == pytest.approx((10 + 20) / 2)
+    assert report.communication_ms == pytest.approx((6 + 12) / 2)
+    assert report.exposed_ms == pytest.approx((1 + 2) / 2)
+    assert report.compute_ms == pytest.approx((9 + 18) / 2)
+    assert report.hidden == pytest.approx(1 - 1.5 / 9)
+    assert report.bound_ms == pytest.approx(13.5)
+    assert "dear/sharded" in str(report) and "83% hidden" in str(report)
+
+
+def test_needs_a_whole_iteration():
+    with pytest.raises(ValueError, match="at least one whole iteration"):
+        overlap_of([], [0])
+
+
+def overlap_worker(rank, world_size, schedule, update):
+    os.environ["DEARCOMM_OVERLAP_REPORT"] = "1"
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("dearcomm").addHandler(handler)
+    logging.getLogger("dearcomm").setLevel(logging.INFO)
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), bucket_mb=0.001,
+                                     schedule=schedule, update=update)
+    early = None
+    for i, (x, y) in enumerate(batches(WARMUP + WINDOW + 2, 8)):
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == WARMUP:
+            try:
+                model.overlap_report()
+            except RuntimeError as e:
+                early = str(e)
+    report = model.overlap_report()
+    logged = [r.getMessage() for r in records if "dearcomm overlap" in r.getMessage()]
+    return early, report, logged
+
+
+@pytest.mark.parametrize("schedule, update", [("dear", "sharded"), ("wfbp", "replicated")])
+def test_report_from_a_real_run(schedule, update):
+    for rank, (early, report, logged) in enumerate(run_workers(overlap_worker, 2, schedule, update)):
+        assert early and f"needs {WINDOW - 1} more optimizer.step()s" in early, early
+        assert report.iterations == WINDOW and report.schedule == f"{schedule}/{update}"
+        assert report.iteration_ms > 0 and report.communication_ms > 0
+        assert report.compute_ms + report.exposed_ms == pytest.approx(report.iteration_ms, rel=0.2)
+        assert 0 <= report.exposed_ms <= report.iteration_ms and 0 <= report.hidden <= 1
+        assert len(logged) == (1 if rank == 0 else 0), logged  # once, on rank 0
+
+
+def timeline_worker(rank, world_size):
+    from dearcomm.timeline import Timeline
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), bucket_mb=0.001)
+    Timeline().attach(model)
+    for x, y in batches(WARMUP + WINDOW + 1, 8):
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+    try:
+        model.overlap_report()
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_timeline_takes_the_trace_and_the_report_says_so():
+    for message in run_workers(timeline_worker, 2):
+        assert "no overlap report: a dearcomm.timeline.Timeline took the engine's trace" in message, message
