@@ -14,6 +14,11 @@ no /c = the default credit (64 MiB). A trailing /sync (dear, bytescheduler) is a
 control too: sync() after every step(), so the run's communication finishes
 before the next forward instead of overlapping it, everything else unchanged. --partition-mb P adds a /pP variant of every
 dearcomm schedule; --credit-mb C... replaces bytescheduler/pP by one row per credit.
+fsdp2 (only when named: --runs ... fsdp2, or --schedules ... fsdp2) is torch's
+fully_shard with reshard_after_forward=False (ZeRO-2-like) on a 1-D CPU mesh over
+the gloo group: one unit per block (FSDP2_UNITS) and the root, the optimizer built
+on the sharded parameters; it takes no modifiers. Where this torch has no
+fully_shard its row reads "skipped: <reason>".
 
 Pieces, measured in the same run: T_fwd, T_bwd, T_step (one rank's model, no
 communication; T_step(shard) runs the optimizer over 1/p of the parameters) and
@@ -37,6 +42,9 @@ machine's softirq time (kernel packet work, charged to no process) per iteration
 Faults: this process's minor page faults per iteration (thousands), most of them
 the allocator handing freed memory back to the kernel and touching it again.
 Each rank gets cores/ranks torch threads. Times are medians; the slowest rank counts.
+Losses: every run's two warm-up losses against ddp's (same model, seed and batch
+on every rank), the largest difference over the steps and ranks: 0 at 2 ranks for
+a run that trains like DDP; at more ranks float32 summation order may differ.
 """
 import argparse
 import contextlib
@@ -67,7 +75,23 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              # with torch.distributed beside DDP's forward and waited at its end.
              # What moving them during the forward costs on this machine, without
              # any of dearcomm's scheduling (no per-module waits, no updates).
-             "ddp+gather": ("ddp", "gather")}
+             "ddp+gather": ("ddp", "gather"),
+             # torch's FSDP2 (fully_shard, reshard_after_forward=False): the
+             # same collectives as dear-sharded (all-gather before each unit's
+             # forward, reduce-scatter in backward, the step on a shard), issued
+             # by torch. Named only on request (not in --schedules' default).
+             "fsdp2": ("fsdp2", None)}
+NOT_BY_DEFAULT = ("ddp+gather", "fsdp2")
+
+# FSDP2's units: each gets its own fully_shard (one all-gather and one
+# reduce-scatter each), the root takes the rest (torch's recommendation:
+# per block, then the root). Keyed by --model.
+FSDP2_UNITS = {
+    "mlp": lambda m: list(m.layers),
+    "widein": lambda m: [m.first, *m.layers],
+    "resnet": lambda m: list(m.stages),
+    "gpt": lambda m: list(m.blocks.layers),
+}
 
 
 def syncs_after_step(spec) -> bool:
@@ -83,6 +107,8 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
+    if schedule == "fsdp2" and mods:
+        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: fsdp2 takes none")
     if syncs_after_step(spec):
         mods.pop()
         if schedule not in ("dear", "bytescheduler"):
@@ -135,7 +161,7 @@ def run_names(args):
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] == "ddp":
+        if SCHEDULES[base][0] in ("ddp", "fsdp2"):
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
@@ -286,11 +312,16 @@ def measure_collectives(args, layout, model):
 def simulated_ideal(name, args, model, pieces, comm, world):
     """The run's ideal in seconds: its schedule and options on the simulated
     device, with the measured pieces (see the module's docstring). ddp runs as
-    wfbp, its schedule, with its bucket size."""
+    wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the same
+    collectives at the same points, overlapped: what FSDP2 reaches where its
+    collectives run beside compute, which they do not on CPU), with buckets of
+    --bucket-mb standing in for its units."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if schedule == "ddp":
         schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
+    elif schedule == "fsdp2":
+        schedule, update = "dear", "sharded"
     owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     numels = [[p.numel() for p in m.parameters(recurse=False) if p.requires_grad] for m in owners]
     total = sum(map(sum, numels))
@@ -312,9 +343,40 @@ def layout_key(layout):
     return tuple(b.padded_numel for b in layout.buckets)
 
 
+def fsdp2_unavailable():
+    """Why the fsdp2 run cannot be built in this torch, or None."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError as e:
+        return f"torch {torch.__version__} has no FSDP2 ({e})"
+    return None
+
+
+def build_fsdp2(args, model):
+    """fully_shard on every unit of FSDP2_UNITS, then the root, over a 1-D CPU
+    mesh of the default (gloo) group. reshard_after_forward=False: a unit's
+    parameters stay gathered from its forward to its backward (no all-gather in
+    backward); they are resharded after backward, so every forward all-gathers.
+    fully_shard shards the parameters in place (their values kept: the run
+    starts from the same model as the others); the optimizer is built after, on
+    the sharded DTensors. On CPU FSDP2's collectives block the training thread
+    (its overlap comes from CUDA streams)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for unit in FSDP2_UNITS[args.model](model):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
 def build(name, args):
     schedule, update, partition, credit = parse_run(name)
     model = make(args)
+    if schedule == "fsdp2":
+        return build_fsdp2(args, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if schedule == "ddp":
         ddp = DistributedDataParallel(model, bucket_cap_mb=partition or args.bucket_mb)
@@ -364,12 +426,26 @@ def settle(model):
 
 def warm_up(runs, x, y):
     """Two untimed iterations of every run, each under its run's environment
-    (read when the first backward builds the engine), nothing left in flight."""
+    (read when the first backward builds the engine), nothing left in flight.
+    Returns each run's two losses (this rank's): the first from the initial
+    model, the second after one step."""
+    losses = {}
     for name, (model, optimizer) in runs.items():
         with environment(run_environment(name)):
-            for _ in range(2):
-                iteration(model, optimizer, x, y)
+            losses[name] = [iteration(model, optimizer, x, y).item() for _ in range(2)]
         settle(model)
+    return losses
+
+
+def loss_differences(losses, reference="ddp"):
+    """{run: max |loss - reference's loss|} over the warm-up steps and the
+    ranks (every rank must call it); {} without the reference run."""
+    if reference not in losses:
+        return {}
+    diffs = torch.tensor([max(abs(a - b) for a, b in zip(losses[name], losses[reference])) for name in losses],
+                         dtype=torch.float64)
+    dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
+    return dict(zip(losses, diffs.tolist()))
 
 
 def interleaved(runs, rounds, iters, x, y):
@@ -401,7 +477,8 @@ def iteration(model, optimizer, x, y, timeline=None, phases=None):
     phase's wall seconds (forward+loss, backward, zero_grad+step): where a
     schedule's waits land (dear's all-gathers in forward, reductions in step);
     and under "<phase> off-CPU" the part of it the training thread did not
-    run (blocked in a wait or a lock, or preempted by another thread)."""
+    run (blocked in a wait or a lock, or preempted by another thread).
+    Returns the loss (detached)."""
     span = timeline.span if timeline else (lambda *a: contextlib.nullcontext())
     clock = lambda: (time.perf_counter(), time.thread_time())  # noqa: E731
     t0 = clock()
@@ -422,6 +499,7 @@ def iteration(model, optimizer, x, y, timeline=None, phases=None):
         for name, wall, cpu in zip(PHASES, walls, cpus):
             phases.setdefault(name, []).append(wall)
             phases.setdefault(f"{name} off-CPU", []).append(wall - cpu)
+    return loss.detach()
 
 
 def record_timeline(args, runs, x, y, label):
@@ -458,7 +536,7 @@ def main():
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--schedules", nargs="+", choices=list(SCHEDULES),
-                        default=[name for name in SCHEDULES if name != "ddp+gather"])
+                        default=[name for name in SCHEDULES if name not in NOT_BY_DEFAULT])
     parser.add_argument("--partition-mb", type=float, nargs="*", default=[],
                         help="add a /pP variant of every dearcomm schedule for each P")
     parser.add_argument("--credit-mb", type=float, nargs="*", default=[],
@@ -473,6 +551,10 @@ def main():
     for name in names:
         parse_run(name)
         run_environment(name)
+    skipped = {name: why for name in names if parse_run(name)[0] == "fsdp2" and (why := fsdp2_unavailable())}
+    names = [name for name in names if name not in skipped]
+    if not names:
+        raise SystemExit("every run skipped: " + "; ".join(f"{n}: {why}" for n, why in skipped.items()))
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -487,7 +569,7 @@ def main():
 
     pieces = measure_pieces(args, x, y)
     runs = {name: build(name, args) for name in names}
-    warm_up(runs, x, y)
+    loss_diff = loss_differences(warm_up(runs, x, y))
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
     for name, (model, _) in runs.items():
@@ -530,10 +612,12 @@ def main():
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
                           minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
-                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")})
+                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
+                          loss_diff_vs_ddp=loss_diff.get(name))
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
+    rows.update({name: dict(skipped=why) for name, why in skipped.items()})
     if rank == 0:
         ms = lambda s: f"{1e3 * s:.1f}"  # noqa: E731
         print(f"\n# {label}")
@@ -550,11 +634,17 @@ def main():
             if isinstance(model, DistributedDataParallel) and parse_run(name)[2]:
                 buckets = len(model.reducer._get_zeros_like_grad_buckets())  # as rebuilt after the warm-up
                 print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
+        if len(loss_diff) > 1:
+            print("losses vs ddp, max |diff| over the 2 warm-up steps and the ranks: "
+                  + "  ".join(f"{n} {d:.1e}" for n, d in loss_diff.items() if n != "ddp"))
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
         print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
               f"{'cpu ms':>8}{'sirq ms':>8}{'kfaults':>8}   fwd / bwd / step ms (training thread off CPU)")
         for name, r in rows.items():
+            if "skipped" in r:
+                print(f"{name:<27}skipped: {r['skipped']}", flush=True)
+                continue
             vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
             print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
                   f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}{r['minor_faults'] / 1e3:>8.1f}   "
