@@ -54,25 +54,14 @@ def all_reduces(backend, buffer, count, busy, lock):
             busy.append((start, time.perf_counter()))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=list(MODELS), default="mlp")
-    parser.add_argument("--batch", type=int, default=32, help="per rank")
-    parser.add_argument("--mib", type=float, default=64.0, help="all-reduce size")
-    parser.add_argument("--iters", type=int, default=12, help="compute iterations alone, and the least beside")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
-    device = init("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = MODELS[args.model]()
-    x, y = model.batch(args.batch, torch.Generator().manual_seed(rank))
-    backend = _C.process_group_backend(dist.group.WORLD)
-    buffer = torch.zeros(int(args.mib * 2**20) // 4 // world * world, device=device)
-
+def measure(model, x, y, backend, mib: float, iters: int) -> dict:
+    """Compute iterations alone, then beside back-to-back all-reduces of
+    `mib` MiB on `backend` (every rank of its group calls this together)."""
+    world = dist.get_world_size()
+    buffer = torch.zeros(int(mib * 2**20) // 4 // world * world)
     for _ in range(2):
         compute_iteration(model, x, y)
-    alone = [compute_iteration(model, x, y) for _ in range(args.iters)]
+    alone = [compute_iteration(model, x, y) for _ in range(iters)]
     comm_alone = []
     for _ in range(3):
         start = time.perf_counter()
@@ -80,7 +69,7 @@ def main():
         comm_alone.append(time.perf_counter() - start)
     # Enough all-reduces to outlast the compute iterations on the slowest
     # rank; every rank runs the same count (same collectives, same order).
-    needed = torch.tensor([args.iters * statistics.median(alone) / statistics.median(comm_alone) + 2])
+    needed = torch.tensor([iters * statistics.median(alone) / statistics.median(comm_alone) + 2])
     dist.all_reduce(needed, op=dist.ReduceOp.MAX)
     count = int(needed.item()) + 1
     busy, lock = [], threading.Lock()
@@ -96,10 +85,26 @@ def main():
     beside = [(end - start, busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
     fit = fit_compute_slowdown(alone_s=alone, beside=beside)
+    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
+                compute_slowdown=fit.slowdown)
 
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=list(MODELS), default="mlp")
+    parser.add_argument("--batch", type=int, default=32, help="per rank")
+    parser.add_argument("--mib", type=float, default=64.0, help="all-reduce size")
+    parser.add_argument("--iters", type=int, default=12, help="compute iterations alone, and the least beside")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    init("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = MODELS[args.model]()
+    x, y = model.batch(args.batch, torch.Generator().manual_seed(rank))
+    backend = _C.process_group_backend(dist.group.WORLD)
     result = dict(model=args.model, batch=args.batch, mib=args.mib, world_size=world, rank=rank,
-                  alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
-                  compute_slowdown=fit.slowdown)
+                  **measure(model, x, y, backend, args.mib, args.iters))
     everyone = [None] * world
     dist.all_gather_object(everyone, result)
     if rank == 0:

@@ -34,6 +34,11 @@ T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning change
 it); T_AR(m0) is the all-reduce, alone, of every bucket holding part of the input-side
 module's parameters (benchmarks/README.md derives what bytescheduler's ideal then is; the
 simulated device gives it, and any schedule's, without a formula per schedule).
+  predicted                    the same simulation fed what a user's prediction is fed: this rank's
+                               dearcomm.profile() (per-module forward and backward, gradient-ready
+                               order, the step) and compute slowed by the factor measured beside an
+                               all-reduce (benchmarks/contention.py); the slowest rank's; error =
+                               predicted / measured - 1
 efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
 median / the run's (> 1: faster than DDP).
 Phases: each run's median forward+loss, backward and zero_grad+step wall time.
@@ -62,6 +67,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_json  # noqa: E402
+from contention import measure as measure_contention  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import dearcomm  # noqa: E402
@@ -309,33 +315,38 @@ def measure_collectives(args, layout, model):
     return out
 
 
-def simulated_ideal(name, args, model, pieces, comm, world):
-    """The run's ideal in seconds: its schedule and options on the simulated
-    device, with the measured pieces (see the module's docstring). ddp runs as
-    wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the same
-    collectives at the same points, overlapped: what FSDP2 reaches where its
-    collectives run beside compute, which they do not on CPU), with buckets of
-    --bucket-mb standing in for its units."""
+def proportional_profile(model, pieces):
+    """T_fwd and T_bwd split over the modules in proportion to their parameters
+    (what the ideal assumes: no per-module measurement)."""
+    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    numels = [[p.numel() for p in m.parameters(recurse=False) if p.requires_grad] for m in owners]
+    total = sum(map(sum, numels))
+    return [dearcomm.ModuleProfile(f"m{i}", 1e3 * pieces["fwd"] * sum(n) / total,
+                                   1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
+
+
+def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0):
+    """The run's iteration in seconds on the simulated device: its schedule and
+    options, `profile`'s compute, each collective kind costing what the run's
+    own buckets cost back to back, alone (see the module's docstring). ddp runs
+    as wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the
+    same collectives at the same points, overlapped: what FSDP2 reaches where
+    its collectives run beside compute, which they do not on CPU), with
+    buckets of --bucket-mb standing in for its units."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if schedule == "ddp":
         schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
-    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-    numels = [[p.numel() for p in m.parameters(recurse=False) if p.requires_grad] for m in owners]
-    total = sum(map(sum, numels))
-    profile = [dearcomm.ModuleProfile(f"m{i}", 1e3 * pieces["fwd"] * sum(n) / total,
-                                      1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
     frac = (world - 1) / world
     per_kind = {}
     for kind, key, passes in (("reduce_scatter", "rs", 1), ("all_gather", "ag", 1), ("all_reduce", "ar", 2)):
         seconds_per_byte = comm[key] / (passes * frac * comm["bytes"])
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
-    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind)
+    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown)
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
-                                   step_ms=1e3 * pieces["step"], bucket_mb=bucket_mb, partition_mb=partition,
-                                   credit_mb=credit)
+                                   step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit)
     return prediction.iteration_ms / 1e3
 
 
@@ -568,6 +579,15 @@ def main():
     load0 = os.getloadavg()
 
     pieces = measure_pieces(args, x, y)
+    # What the prediction runs on: this rank's per-module profile and the
+    # measured slowdown of compute beside collectives (dearcomm/contention.py).
+    profiled = make(args)
+    profile = dearcomm.profile(profiled, (x, y), torch.optim.AdamW(profiled.parameters(), lr=1e-4),
+                               loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]), iterations=args.iters)
+    contention_mib = min(64.0, n_params * 4 / 2**20)
+    contention = measure_contention(make(args), x, y, _C.process_group_backend(dist.group.WORLD), contention_mib,
+                                    args.iters)
+    slowdown = contention["compute_slowdown"]
     runs = {name: build(name, args) for name in names}
     loss_diff = loss_differences(warm_up(runs, x, y))
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
@@ -604,10 +624,12 @@ def main():
     rows = {}
     for name, t in times.items():
         c = comm[comm_of[name]]
-        ideal = simulated_ideal(name, args, probe, pieces, c, world)
+        ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world)
+        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown))
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
+                          predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
                           minor_faults=slowest(statistics.median(faults[name])),
@@ -624,6 +646,9 @@ def main():
         print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end; allocator: {allocator_policy()}")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
+        print(f"prediction: rank 0's profile of {len(profile.modules)} modules (fwd {profile.forward_ms:.1f}, "
+              f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
+              f"an all-reduce of {contention_mib:.1f} MiB (rank 0)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
@@ -639,7 +664,8 @@ def main():
                   + "  ".join(f"{n} {d:.1e}" for n, d in loss_diff.items() if n != "ddp"))
         bound = max(compute, base["ar"])
         print(f"lower bound max(compute, comm) = {ms(bound)} ms;  C/T_bwd = {base['ar'] / max(pieces['bwd'], 1e-9):.2f}")
-        print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'speedup':>8}"
+        print(f"{'run':<27}{'median ms':>10}{'p10':>9}{'p90':>9}{'ideal':>9}{'effic.':>8}{'pred.':>9}{'error':>8}"
+              f"{'speedup':>8}"
               f"{'cpu ms':>8}{'sirq ms':>8}{'kfaults':>8}   fwd / bwd / step ms (training thread off CPU)")
         for name, r in rows.items():
             if "skipped" in r:
@@ -647,14 +673,15 @@ def main():
                 continue
             vs = f"{r['speedup_vs_ddp']:.3f}" if ddp else "-"
             print(f"{name:<27}{r['median_ms']:>10.1f}{r['p10_ms']:>9.1f}{r['p90_ms']:>9.1f}{r['ideal_ms']:>9.1f}"
-                  f"{r['efficiency']:>8.2f}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}{r['minor_faults'] / 1e3:>8.1f}   "
+                  f"{r['efficiency']:>8.2f}{r['predicted_ms']:>9.1f}{r['prediction_error']:>+8.1%}{vs:>8}{r['cpu_ms']:>8.1f}{r['softirq_ms']:>8.1f}{r['minor_faults'] / 1e3:>8.1f}   "
                   + " / ".join(f"{r['phases_ms'][k]:.1f} ({r['phases_ms'][k + ' off-CPU']:.1f})" for k in PHASES),
                   flush=True)
     if args.timeline:
         record_timeline(args, runs, x, y, label)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
                                args=vars(args), loadavg_start=load0, loadavg_end=load1, allocator=allocator_policy(),
-                               pieces_ms={k: 1e3 * v for k, v in pieces.items()},
+                               pieces_ms={k: 1e3 * v for k, v in pieces.items()}, profile=profile.to_dict(),
+                               contention=contention,
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},
