@@ -1,0 +1,107 @@
+"""Choose wrap()'s schedule and sizes by simulation: every schedule × update of
+the registry over a grid of bucket, partition and credit sizes, each run on
+the simulated device (dearcomm.simulate), the fastest predicted kept.
+
+    prof = dearcomm.profile(model, batch, optimizer, loss_fn=...)
+    choice = dearcomm.plan(prof, world_size=16, network=dearcomm.network_preset("25gbe"))
+    print(choice)                      # the choice, its predicted time and gain over the default
+    model, optimizer = dearcomm.wrap(model, optimizer, **choice.options)
+
+The search is deterministic: the same profile and network give the same
+choice on every rank (ties go to the earlier candidate in grid order, whose
+first entry is wrap()'s default).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import _C
+from .prediction import Network, simulate
+
+BUCKET_MB = (25.0, 1.0, 4.0, 8.0, 64.0, math.inf)
+PARTITION_MB = (None, 1.0, 4.0, 16.0)
+CREDIT_MB = (None, 1.0, 4.0, 16.0)
+
+_OPTION_ORDER = ("schedule", "update", "bucket_mb", "partition_mb", "credit_mb")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    options: Dict[str, object]
+    """wrap() keyword arguments."""
+    predicted_ms: float
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={self.options[k]}" for k in _OPTION_ORDER if self.options.get(k) is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    best: Candidate
+    default: Candidate
+    """wrap()'s defaults: dear, 25 MiB buckets, no partitions."""
+    candidates: Sequence[Candidate]
+    """Every candidate simulated, fastest first."""
+
+    @property
+    def options(self) -> Dict[str, object]:
+        return dict(self.best.options)
+
+    @property
+    def predicted_ms(self) -> float:
+        return self.best.predicted_ms
+
+    @property
+    def gain_over_default(self) -> float:
+        return self.default.predicted_ms / self.best.predicted_ms
+
+    def __str__(self) -> str:
+        return (f"dearcomm plan: {self.best} -> {self.best.predicted_ms:.2f} ms per iteration predicted, "
+                f"{self.gain_over_default:.3f}x the default ({self.default.predicted_ms:.2f} ms); "
+                f"{len(self.candidates)} candidates simulated")
+
+
+def _grid(schedules: Optional[Sequence[str]], bucket_mb: Sequence[float], partition_mb: Sequence[Optional[float]],
+          credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
+    registry = {entry["name"]: entry for entry in _C.schedules()}
+    names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry if n != "dear"]
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")
+    grid = []
+    for name in names:
+        entry = registry[name]
+        updates = [entry["default_update"]] + [u for u in entry["updates"] if u != entry["default_update"]]
+        credits = credit_mb if entry["default_credit_bytes"] > 0 else (None,)
+        for update in updates:
+            for bucket in bucket_mb:
+                for partition in partition_mb:
+                    for credit in credits:
+                        grid.append(dict(schedule=name, update=update, bucket_mb=bucket, partition_mb=partition,
+                                         credit_mb=credit))
+    return grid
+
+
+def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequence[str]] = None,
+         bucket_mb: Sequence[float] = BUCKET_MB, partition_mb: Sequence[Optional[float]] = PARTITION_MB,
+         credit_mb: Sequence[Optional[float]] = CREDIT_MB, step_ms: Optional[float] = None,
+         iterations: int = 3) -> Plan:
+    """Simulates every candidate (see the module's docstring) and returns the
+    fastest with its prediction and the default's. ``profile``,
+    ``network``, ``step_ms`` and ``iterations`` as in dearcomm.simulate;
+    ``schedules`` restricts the search (default: every registered one)."""
+    for name, values in (("bucket_mb", bucket_mb), ("partition_mb", partition_mb), ("credit_mb", credit_mb)):
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
+    run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
+    default = Candidate(dict(schedule="dear", update="sharded", bucket_mb=25.0, partition_mb=None, credit_mb=None),
+                        simulate(profile, schedule="dear", **run).iteration_ms)
+    seen: Dict[Tuple, Candidate] = {}
+    for options in _grid(schedules, bucket_mb, partition_mb, credit_mb):
+        key = tuple(options[k] for k in _OPTION_ORDER)
+        if key not in seen:
+            seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)
+    ordered = sorted(seen.values(), key=lambda c: c.predicted_ms)  # stable: ties keep grid order
+    return Plan(best=ordered[0], default=default, candidates=ordered)

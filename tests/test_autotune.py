@@ -1,0 +1,71 @@
+"""dearcomm.plan(): wrap()'s options chosen by simulating every schedule over
+a grid of sizes (dearcomm/autotune.py)."""
+import math
+
+import pytest
+
+import dearcomm
+from dearcomm import ModuleProfile, Network
+
+MIB = 1 << 20
+# Backward about as long as the all-reduce at 1 Gbit/s, a 16 MiB first layer.
+PROFILE = [ModuleProfile("first", 20.0, 40.0, [4 * MIB]),
+           *[ModuleProfile(f"layer{i}", 10.0, 20.0, [MIB // 2]) for i in range(6)]]
+SLOW = Network(alpha_us=50, gbit_s=2)
+
+
+def test_the_choice_is_the_fastest_candidate_and_its_prediction_holds():
+    p = dearcomm.plan(PROFILE, world_size=4, network=SLOW, step_ms=5.0)
+    assert p.best is p.candidates[0]
+    assert all(p.best.predicted_ms <= c.predicted_ms for c in p.candidates)
+    again = dearcomm.simulate(PROFILE, world_size=4, network=SLOW, step_ms=5.0, **p.options)
+    assert again.iteration_ms == pytest.approx(p.predicted_ms, rel=1e-12)
+    default = dearcomm.simulate(PROFILE, world_size=4, network=SLOW, step_ms=5.0)
+    assert p.default.predicted_ms == pytest.approx(default.iteration_ms, rel=1e-12)
+    assert p.gain_over_default >= 1.0
+    assert str(p).startswith(f"dearcomm plan: schedule={p.options['schedule']}")
+
+
+def test_every_registered_schedule_and_update_is_searched():
+    p = dearcomm.plan(PROFILE, world_size=4, network=SLOW)
+    searched = {(c.options["schedule"], c.options["update"]) for c in p.candidates}
+    registry = {(e["name"], u) for e in dearcomm._C.schedules() for u in e["updates"]}
+    assert searched == registry
+    credits = {c.options["credit_mb"] for c in p.candidates if c.options["schedule"] == "bytescheduler"}
+    assert credits == {None, 1.0, 4.0, 16.0}
+    assert all(c.options["credit_mb"] is None for c in p.candidates if c.options["schedule"] != "bytescheduler")
+
+
+def test_options_go_to_wrap_as_they_are():
+    p = dearcomm.plan(PROFILE, world_size=4, network=SLOW, schedules=["bytescheduler"])
+    assert p.options["schedule"] == "bytescheduler"
+    dearcomm.WrapOptions(**p.options)  # validated as wrap() validates them
+
+
+def test_deterministic_and_restricted():
+    a = dearcomm.plan(PROFILE, world_size=8, network=SLOW, schedules=["wfbp"], bucket_mb=[25.0, 4.0])
+    b = dearcomm.plan(PROFILE, world_size=8, network=SLOW, schedules=["wfbp"], bucket_mb=[25.0, 4.0])
+    assert a.options == b.options and [c.options for c in a.candidates] == [c.options for c in b.candidates]
+    assert {c.options["schedule"] for c in a.candidates} == {"wfbp"}
+    assert len(a.candidates) == 2 * len(dearcomm.autotune.PARTITION_MB)
+
+
+def test_a_faster_network_leaves_less_to_gain():
+    slow = dearcomm.plan(PROFILE, world_size=4, network=SLOW, step_ms=5.0)
+    fast = dearcomm.plan(PROFILE, world_size=4, network=Network(alpha_us=1, gbit_s=math.inf), step_ms=5.0)
+    # Infinitely fast links: every schedule is compute alone; nothing to choose between.
+    assert fast.gain_over_default == pytest.approx(1.0, abs=0.02)
+    assert slow.predicted_ms > fast.predicted_ms
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(schedules=["nope"]), r"unknown schedule\(s\) \['nope'\]"),
+    (dict(bucket_mb=[]), "bucket_mb must be a non-empty list"),
+    (dict(partition_mb=4.0), "partition_mb must be a non-empty list"),
+    (dict(bucket_mb=[-1.0]), "bucket_mb must be >= 0"),
+    (dict(world_size=1), "world_size must be an int >= 2"),
+])
+def test_bad_inputs_get_clear_errors(kwargs, match):
+    args = dict(world_size=4, network=SLOW) | kwargs
+    with pytest.raises(ValueError, match=match):
+        dearcomm.plan(PROFILE, **args)
