@@ -61,10 +61,8 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("schedule,update", list(EXPECTED))
-def test_hand_computed_timeline(schedule, update):
-    iteration_ms, expected = EXPECTED[(schedule, update)]
-    p = dearcomm.simulate(PROFILE, schedule=schedule, update=update, world_size=2, network=NETWORK, step_ms=2.0,
+def assert_timeline(network, schedule, update, iteration_ms, expected):
+    p = dearcomm.simulate(PROFILE, schedule=schedule, update=update, world_size=2, network=network, step_ms=2.0,
                           bucket_mb=0, iterations=2)
     assert len(p.layout.buckets) == 3
     got = [(op["kind"], op["bucket"], op["iteration"], op["start_ms"], op["end_ms"]) for op in p.ops]
@@ -73,6 +71,11 @@ def test_hand_computed_timeline(schedule, update):
         assert g[:3] == e[:3] and g[3] == pytest.approx(e[3], abs=1e-9) and g[4] == pytest.approx(e[4], abs=1e-9), \
             (g, e)
     assert p.iteration_ms == pytest.approx(iteration_ms, abs=1e-9)
+
+
+@pytest.mark.parametrize("schedule,update", list(EXPECTED))
+def test_hand_computed_timeline(schedule, update):
+    assert_timeline(NETWORK, schedule, update, *EXPECTED[(schedule, update)])
 
 
 # Compute runs twice as long while a collective is in flight (cores shared with
@@ -101,15 +104,7 @@ EXPECTED_SLOWED = {
 
 @pytest.mark.parametrize("schedule,update", list(EXPECTED_SLOWED))
 def test_hand_computed_timeline_with_compute_slowed_beside_collectives(schedule, update):
-    iteration_ms, expected = EXPECTED_SLOWED[(schedule, update)]
-    p = dearcomm.simulate(PROFILE, schedule=schedule, update=update, world_size=2, network=SLOW, step_ms=2.0,
-                          bucket_mb=0, iterations=2)
-    got = [(op["kind"], op["bucket"], op["iteration"], op["start_ms"], op["end_ms"]) for op in p.ops]
-    assert len(got) == len(expected), got
-    for g, e in zip(got, expected):
-        assert g[:3] == e[:3] and g[3] == pytest.approx(e[3], abs=1e-9) and g[4] == pytest.approx(e[4], abs=1e-9), \
-            (g, e)
-    assert p.iteration_ms == pytest.approx(iteration_ms, abs=1e-9)
+    assert_timeline(SLOW, schedule, update, *EXPECTED_SLOWED[(schedule, update)])
 
 
 def test_replicated_updates_each_parameter_before_its_forward():
