@@ -7,12 +7,13 @@ iteration runs from one step() end to the next. Per iteration:
 
     communication  the time some collective was in flight (the union of
                    launch-to-completion intervals)
-    exposed        the time the training thread waited for a collective
-    compute        the iteration minus the exposed communication (forward,
-                   backward, step and Python, as slowed by anything beside it)
+    exposed        the time the training thread waited for a collective,
+                   finishing it included (averaging, unpacking)
     bound          max(compute, communication): perfect overlap
 
-The report gives their medians. DEARCOMM_OVERLAP_REPORT=1 logs it once on
+The report gives the medians of iteration, communication and exposed
+communication, and compute = iteration - exposed (forward, backward, step
+and Python, as slowed by anything beside them). DEARCOMM_OVERLAP_REPORT=1 logs it once on
 rank 0 when the window is complete.
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ class OverlapReport:
     exposed_ms: float
     """Communication the training thread waited for."""
     schedule: str
+    per_iteration: Tuple[Tuple[float, float, float], ...] = ()
+    """(iteration, communication, exposed) ms of each measured iteration."""
 
     @property
     def hidden(self) -> float:
@@ -87,13 +90,11 @@ def overlap_of(events: Sequence[Dict], boundaries: Sequence[int], schedule: str 
             if e["wait_begin_ns"] >= 0:
                 a, b = max(start, e["wait_begin_ns"]), min(end, e["wait_end_ns"])
                 waited += max(0, b - a)
-        length = end - start
-        per.append((length, length - waited, _union_ns(busy), waited))
-    ms = 1e-6
-    return OverlapReport(iterations=len(per), iteration_ms=statistics.median(p[0] for p in per) * ms,
-                         compute_ms=statistics.median(p[1] for p in per) * ms,
-                         communication_ms=statistics.median(p[2] for p in per) * ms,
-                         exposed_ms=statistics.median(p[3] for p in per) * ms, schedule=schedule)
+        per.append(((end - start) * 1e-6, _union_ns(busy) * 1e-6, waited * 1e-6))
+    iteration, communication, exposed = (statistics.median(p[i] for p in per) for i in range(3))
+    return OverlapReport(iterations=len(per), iteration_ms=iteration, compute_ms=max(0.0, iteration - exposed),
+                         communication_ms=communication, exposed_ms=exposed, schedule=schedule,
+                         per_iteration=tuple(per))
 
 
 class OverlapMonitor:
