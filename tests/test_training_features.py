@@ -204,11 +204,9 @@ def test_feature_parity(worker, world_size):
 # ---- checkpoints -----------------------------------------------------------------------
 
 def checkpoint_worker(rank, world_size, schedule, update, partition_mb, path, phase, steps):
-    """phase "first": train `steps` steps and save; "second": a fresh process
-    loads and trains `steps` more; "straight": 2*steps without a break."""
-    if phase == "second and straight":  # one spawn for both: each wraps its own fresh model
-        return [checkpoint_worker(rank, world_size, schedule, update, partition_mb, path, p, steps)
-                for p in ("second", "straight")]
+    """phase "first": train `steps` steps and save; "second": a process that
+    has not trained loads and trains `steps` more; "straight": 2*steps
+    without a break."""
     torch.manual_seed(0)
     model = MixedNet()
     optimizer = make_optimizer("adamw", model)
@@ -230,6 +228,7 @@ def checkpoint_worker(rank, world_size, schedule, update, partition_mb, path, ph
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     if phase == "first" and rank == 0:
         torch.save(state, path)
+    model.close()
     return {k: v.clone() for k, v in state["model"].items()}, state["optimizer"]
 
 
@@ -248,32 +247,47 @@ def reference_optimizer_state(steps):
 
 # Each schedule, and the sharded update with every parameter split into
 # one-unit partitions (its optimizer state lives on pieces of many buckets).
-CHECKPOINT_CASES = [(s, u, None) for s, u in SCHEDULES] + [("dear", "sharded", 1 / 2**20)]
+CHECKPOINT_CASES = {f"{s}-{u}" + ("-partitioned" if p else ""): (s, u, p)
+                    for s, u, p in [(s, u, None) for s, u in SCHEDULES] + [("dear", "sharded", 1 / 2**20)]}
+CHECKPOINT_STEPS = 3
 
 
-@pytest.mark.parametrize("schedule, update, partition_mb", CHECKPOINT_CASES,
-                         ids=[f"{s}-{u}" + ("-partitioned" if p else "") for s, u, p in CHECKPOINT_CASES])
-def test_checkpoint_restart_equals_uninterrupted_training(tmp_path, schedule, update, partition_mb):
-    path = str(tmp_path / "checkpoint.pt")
-    steps = 3
-    first = run_workers(checkpoint_worker, 2, schedule, update, partition_mb, path, "first", steps)
+def checkpoint_cases_worker(rank, world_size, directory, phases):
+    """Every case through `phases`, one phase after the other (in a restart,
+    every case's resumed run comes before any straight run: nothing of a
+    straight run can help a resumed one), each case with its own model and
+    checkpoint file. Returns {phase: {case: result}}."""
+    return {phase: {case: checkpoint_worker(rank, world_size, *config, os.path.join(directory, f"{case}.pt"), phase,
+                                            CHECKPOINT_STEPS)
+                    for case, config in CHECKPOINT_CASES.items()}
+            for phase in phases}
+
+
+def test_checkpoint_restart_equals_uninterrupted_training(tmp_path):
+    """Every case trains and saves in one process group; then process groups
+    that have trained nothing load each checkpoint, at another world size (3)
+    and at the same (2), and train on: equal to training straight through."""
+    first = run_workers(checkpoint_cases_worker, 2, str(tmp_path), ["first"])
     # The consolidated optimizer state is torch's own: equal to a plain torch
     # optimizer trained on the global batch, and the same on every rank.
-    reference, ref_opt = reference_optimizer_state(steps)
+    reference, ref_opt = reference_optimizer_state(CHECKPOINT_STEPS)
     expected = ref_opt.state_dict()
-    for rank, (_, opt_state) in enumerate(first):
-        torch.testing.assert_close(opt_state["state"], expected["state"], **TOL)
-        assert [g["params"] for g in opt_state["param_groups"]] == [g["params"] for g in expected["param_groups"]]
-    plain = make_optimizer("adamw", copy.deepcopy(reference))
-    plain.load_state_dict(first[0][1])  # loads into a plain torch optimizer
+    for case in CHECKPOINT_CASES:
+        for rank, by_phase in enumerate(first):
+            opt_state = by_phase["first"][case][1]
+            torch.testing.assert_close(opt_state["state"], expected["state"], **TOL,
+                                       msg=lambda m: f"{case}, rank {rank}: {m}")
+            assert [g["params"] for g in opt_state["param_groups"]] == \
+                [g["params"] for g in expected["param_groups"]], case
+        plain = make_optimizer("adamw", copy.deepcopy(reference))
+        plain.load_state_dict(first[0]["first"][case][1])  # loads into a plain torch optimizer
 
-    # Restart at another world size (3), then at the same (2): both equal 2k straight steps.
-    # The resumed run comes first in each process: nothing of the straight run can help it.
     for world_size in (3, 2):
-        results = run_workers(checkpoint_worker, world_size, schedule, update, partition_mb, path,
-                              "second and straight", steps)
-        for rank, (resumed, straight) in enumerate(results):
-            torch.testing.assert_close(resumed[0], straight[0], **TOL)
+        results = run_workers(checkpoint_cases_worker, world_size, str(tmp_path), ["second", "straight"])
+        for case in CHECKPOINT_CASES:
+            for rank, by_phase in enumerate(results):
+                torch.testing.assert_close(by_phase["second"][case][0], by_phase["straight"][case][0], **TOL,
+                                           msg=lambda m: f"{case}, world size {world_size}, rank {rank}: {m}")
 
 
 def test_sharded_state_dict_round_trip_on_the_same_ranks(tmp_path):
