@@ -72,6 +72,7 @@ from models import MODELS  # noqa: E402
 
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
+from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
 
 SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
@@ -339,10 +340,10 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0):
         schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
-    frac = (world - 1) / world
     per_kind = {}
-    for kind, key, passes in (("reduce_scatter", "rs", 1), ("all_gather", "ag", 1), ("all_reduce", "ar", 2)):
-        seconds_per_byte = comm[key] / (passes * frac * comm["bytes"])
+    for kind, key in (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar")):
+        _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
+        seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown)
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,

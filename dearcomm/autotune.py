@@ -25,6 +25,8 @@ PARTITION_MB = (None, 1.0, 4.0, 16.0)
 CREDIT_MB = (None, 1.0, 4.0, 16.0)
 
 _OPTION_ORDER = ("schedule", "update", "bucket_mb", "partition_mb", "credit_mb")
+DEFAULT_OPTIONS = (("schedule", "dear"), ("update", "sharded"), ("bucket_mb", 25.0), ("partition_mb", None),
+                   ("credit_mb", None))  # wrap()'s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +98,14 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
     run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
-    default = Candidate(dict(schedule="dear", update="sharded", bucket_mb=25.0, partition_mb=None, credit_mb=None),
-                        simulate(profile, schedule="dear", **run).iteration_ms)
     seen: Dict[Tuple, Candidate] = {}
     for options in _grid(schedules, bucket_mb, partition_mb, credit_mb):
         key = tuple(options[k] for k in _OPTION_ORDER)
         if key not in seen:
             seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)
+    defaults = dict(DEFAULT_OPTIONS)
+    default = seen.get(tuple(defaults[k] for k in _OPTION_ORDER))  # the grid's first entry when dear is searched
+    if default is None:
+        default = Candidate(defaults, simulate(profile, **defaults, **run).iteration_ms)
     ordered = sorted(seen.values(), key=lambda c: c.predicted_ms)  # stable: ties keep grid order
     return Plan(best=ordered[0], default=default, candidates=ordered)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
+
+from .prediction import _check_number
 
 MIN_COVERAGE = 0.5  # below it, κ's estimate divides by a small difference: too noisy to use
 
@@ -47,9 +48,7 @@ class SlowdownFit:
 
 
 def _positive(value, what: str) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise ValueError(f"dearcomm: {what} must be a finite number > 0, got {value!r}")
+    _check_number(what, value, allow_zero=False)
     return float(value)
 
 

@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import types
 from pathlib import Path
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .prediction import KINDS, Network
+from .prediction import KINDS, Network, _check_number
 
 POOR_FIT_REL_ERROR = 0.25
 """A kind whose fitted line misses some row by more than this fraction is
@@ -188,9 +187,7 @@ def _human_bytes(n: float) -> str:
 def _positive_finite(value, what: str) -> float:
     """Rejects what would make the fit meaningless: a zero, negative, NaN or
     infinite time or size (or a non-number) in a row."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"dearcomm: {what} must be a positive finite number, got {value!r}")
+    _check_number(what, value, allow_zero=False)
     return float(value)
 
 

@@ -44,7 +44,7 @@ def test_reads_the_benchmark_json(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(alone_s=[], beside=[(0.01, 1.0)]), "needs compute iterations alone and beside"),
-    (dict(alone_s=[-0.01], beside=[(0.01, 1.0)]), "compute time alone must be a finite number > 0"),
+    (dict(alone_s=[-0.01], beside=[(0.01, 1.0)]), "compute time alone must be a positive finite number, got -0.01"),
     (dict(alone_s=[float("nan")], beside=[(0.01, 1.0)]), "compute time alone must be"),
     (dict(alone_s=[0.01], beside=[(float("inf"), 1.0)]), "compute time beside collectives must be"),
     (dict(alone_s=[0.01], beside=[(0.01, 1.5)]), r"busy fraction .* must be in \[0, 1\], got 1.5"),
