@@ -1,10 +1,10 @@
 """Synchronous pipeline planning: the planner against GPipe, 1F1B, PipeDream
-and DAPPLE plans on the shared profiles (simulated), the planner's distance to
-the brute-force optimum, and (under netlab) the runtime's measured iteration
+and DAPPLE plans on the packaged profiles (simulated, with and without a
+memory limit), the planner's distance to the exhaustive optimum, and (under netlab) the runtime's measured iteration
 time against the simulator's prediction.
 
-    python benchmarks/pipeline_bench.py plans [--quick]          # tables + plots
-    python benchmarks/pipeline_bench.py optimality               # worst planner / brute-force ratio
+    python benchmarks/pipeline_bench.py plans [--quick] [--memory-gb 16]   # tables + plots
+    python benchmarks/pipeline_bench.py optimality               # planner / exhaustive optimum, 48 cases
     sudo python benchmarks/pipeline_bench.py netlab --rates 200mbit,200mbit,50mbit   # measured vs predicted
     sudo python benchmarks/pipeline_bench.py netlab --transfer-cpu 0,8,0.2,6.8 --host-cores 2  # + the CPU model
     python benchmarks/pipeline_bench.py netlab-summary run1/*.json run2/*.json ...   # medians over runs
@@ -40,8 +40,9 @@ def cmd_plans(args) -> int:
         print(line, flush=True)
         lines.append(line)
 
+    memory = f", {args.memory_gb:g} GB per device (Adam; 'oom': the plan does not fit)" if args.memory_gb else ""
     emit(f"# iteration time (ms, simulated), {args.microbatches} micro-batches, profiles coarsened to "
-         f"{args.blocks} blocks")
+         f"{args.blocks} blocks{memory}")
     for pre in PRESETS:
         emit(f"\n## {pre}")
         emit(f"{'model':<11} {'dev':>3} " + " ".join(f"{n:>10}" for n in NAMES) +
@@ -50,29 +51,56 @@ def cmd_plans(args) -> int:
             profile = coarsen(load_shared_profile(key), args.blocks)
             for n in devices:
                 topo = preset(pre, n)
+                if args.memory_gb:
+                    topo = topo.with_memory(args.memory_gb * 1e9)
                 t0 = time.perf_counter()
-                plans = all_plans(profile, topo, args.microbatches)
+                try:
+                    plans = all_plans(profile, topo, args.microbatches)
+                except ValueError as e:  # nothing fits
+                    emit(f"{label:<11} {n:>3} {e}")
+                    continue
                 seconds = time.perf_counter() - t0
-                times = {k: plans[k].predicted_ms for k in NAMES}
+                times = {k: plans[k].predicted_ms if _fits(plans[k], profile, topo) else float("inf") for k in NAMES}
                 base = min((times[k], k) for k in NAMES[1:])
+                if base[0] == float("inf"):
+                    base = (base[0], "none fits")
                 speedup = base[0] / times["planner"]
-                emit(f"{label:<11} {n:>3} " + " ".join(f"{times[k]:>10.1f}" for k in NAMES) +
-                     f" {base[1]:>10} {speedup:>7.2f}x {seconds:>7.1f}  {plans['planner'].describe().split(': ', 1)[1]}")
+                gain = f"{speedup:>7.2f}x" if speedup < float("inf") else f"{'-':>8}"
+                emit(f"{label:<11} {n:>3} " + " ".join(f"{times[k]:>10.1f}" if times[k] < float("inf") else
+                                                        f"{'oom':>10}" for k in NAMES) +
+                     f" {base[1]:>10} {gain} {seconds:>7.1f}  {plans['planner'].describe().split(': ', 1)[1]}")
                 rows.append(dict(preset=pre, model=label, profile=key, devices=n, times=times, best_baseline=base[1],
+                                 plan_s=seconds,
                                  speedup=speedup, plans={k: p.describe() for k, p in plans.items()}))
-                if pre == PRESETS[0] and label == "BERT-large" and n == 8:
+                if pre == PRESETS[0] and label == "BERT-large" and n == 8 and not args.memory_gb:
                     draw_timeline(os.path.join(args.out, "pipeline-timeline-bert-8.png"),
                                   {k: simulate(plans[k], profile, topo) for k in ("planner", "dapple", "1f1b")},
                                   f"BERT-large, 8 devices, {pre}, {args.microbatches} micro-batches (simulated)")
-    speedups = [r["speedup"] for r in rows]
-    emit(f"\nplanner vs the best baseline of each case: min {min(speedups):.2f}x, "
-         f"geomean {_geomean(speedups):.2f}x, max {max(speedups):.2f}x over {len(rows)} cases")
-    with open(os.path.join(args.out, "pipeline-plans.txt"), "w") as f:
+    speedups = [r["speedup"] for r in rows if r["speedup"] < float("inf")]
+    emit(f"\nplanning time: mean {sum(r['plan_s'] for r in rows) / len(rows):.1f} s, "
+         f"max {max(r['plan_s'] for r in rows):.1f} s (planner and baselines)")
+    if len(speedups) < len(rows):
+        emit(f"cases where no baseline fits: {len(rows) - len(speedups)}")
+    emit(f"planner vs the best baseline that fits, per case: min {min(speedups):.2f}x, "
+         f"geomean {_geomean(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases")
+    stem = "pipeline-plans" + (f"-{args.memory_gb:g}gb" if args.memory_gb else "")
+    with open(os.path.join(args.out, f"{stem}.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "pipeline-plans.json"), "w") as f:
-        json.dump(dict(microbatches=args.microbatches, blocks=args.blocks, rows=rows), f, indent=1)
-    _plot(rows, devices, args.out)
+    with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
+        json.dump(dict(microbatches=args.microbatches, blocks=args.blocks, memory_gb=args.memory_gb, rows=rows), f,
+                  indent=1)
+    if not args.memory_gb:
+        _plot(rows, devices, args.out)
     return 0
+
+
+def _fits(plan, profile, topology) -> bool:
+    from dearcomm.pipeline import check_memory
+    try:
+        check_memory(plan, profile, topology)
+    except ValueError:
+        return False
+    return True
 
 
 def _geomean(xs) -> float:
@@ -108,21 +136,43 @@ def _plot(rows, devices, out: str) -> None:
 
 
 def cmd_optimality(args) -> int:
+    """The planner against the exhaustive optimum (every partition, mapping
+    and per-device order; dearcomm/pipeline/exhaustive.py) on random small
+    problems with links of different speeds (tests/pipeline_cases.py)."""
     from dearcomm.pipeline import brute_force, plan_pipeline
-    from tests.pipeline_cases import random_profile, topologies
-    ratios = []
-    print(f"{'layers':>6} {'dev':>3} {'M':>3} {'seed':>4} {'topology':<14} {'brute ms':>9} {'planner ms':>10} {'ratio':>7}")
-    for L, D, M in [(4, 2, 4), (6, 3, 4), (5, 4, 3), (6, 4, 6), (8, 4, 4), (8, 4, 8)]:
-        for seed in range(args.seeds):
-            profile = random_profile(L, seed + 10 * L)
-            for topo in topologies(D):
-                best = brute_force(profile, topo, M)
-                plan = plan_pipeline(profile, topo, M)
-                ratios.append(plan.predicted_ms / best.predicted_ms)
-                print(f"{L:>6} {D:>3} {M:>3} {seed:>4} {topo.name:<14} {best.predicted_ms:>9.1f} "
-                      f"{plan.predicted_ms:>10.1f} {ratios[-1]:>7.4f}", flush=True)
-    print(f"\nplanner / brute force over {len(ratios)} cases: worst {max(ratios):.4f}, "
-          f"mean {sum(ratios) / len(ratios):.4f}, optimal in {sum(r < 1 + 1e-9 for r in ratios)}")
+    from dearcomm.pipeline.exhaustive import exhaustive_plan
+    from tests.pipeline_cases import optimality_cases
+    lines, ratios, rule_ratios, plan_s, exact_s = [], [], [], [], []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(f"{'case':>4} {'layers':>6} {'dev':>3} {'M':>3} {'topology':<14} {'optimum ms':>10} {'planner ms':>10} "
+         f"{'ratio':>7} {'rules':>7} {'plan s':>6} {'exact s':>7}  planner's plan")
+    for i, (profile, topo, M) in enumerate(optimality_cases(args.cases, args.seed)):
+        t0 = time.perf_counter()
+        plan = plan_pipeline(profile, topo, M)
+        plan_s.append(time.perf_counter() - t0)
+        stats = {}
+        best = exhaustive_plan(profile, topo, M, start=plan, stats=stats)
+        exact_s.append(stats["seconds"])
+        rules = brute_force(profile, topo, M)  # the best plan under the three order rules
+        ratios.append(plan.predicted_ms / best.predicted_ms)
+        rule_ratios.append(rules.predicted_ms / best.predicted_ms)
+        emit(f"{i:>4} {len(profile):>6} {topo.size:>3} {M:>3} {topo.name:<14} {best.predicted_ms:>10.2f} "
+             f"{plan.predicted_ms:>10.2f} {ratios[-1]:>7.4f} {rule_ratios[-1]:>7.4f} {plan_s[-1]:>6.2f} "
+             f"{exact_s[-1]:>7.1f}  {plan.describe().split(': ', 1)[1]}")
+    n = len(ratios)
+    emit(f"\nplanner / exhaustive optimum over {n} cases: worst {max(ratios):.4f}, mean {sum(ratios) / n:.4f}, "
+         f"optimal in {sum(r < 1 + 1e-9 for r in ratios)}")
+    emit(f"best plan under the three rules / optimum: worst {max(rule_ratios):.4f}, mean {sum(rule_ratios) / n:.4f}")
+    emit(f"planning time: mean {sum(plan_s) / n:.2f} s, max {max(plan_s):.2f} s; exhaustive search: "
+         f"mean {sum(exact_s) / n:.1f} s, max {max(exact_s):.1f} s")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "pipeline-optimality.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -340,10 +390,13 @@ def main(argv=None) -> int:
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--blocks", type=int, default=24, help="coarsen every profile to at most this many blocks")
     p.add_argument("--quick", action="store_true", help="4 and 8 devices only")
+    p.add_argument("--memory-gb", type=float, default=0.0, help="per-device memory limit (0: none)")
     p.add_argument("--out", default="results")
     p.set_defaults(fn=cmd_plans)
-    o = sub.add_parser("optimality", help="planner vs brute force on small random cases")
-    o.add_argument("--seeds", type=int, default=2)
+    o = sub.add_parser("optimality", help="planner vs the exhaustive optimum on small random cases")
+    o.add_argument("--cases", type=int, default=48)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--out", default="results")
     o.set_defaults(fn=cmd_optimality)
     n = sub.add_parser("netlab-summary", help="medians over repeated netlab runs' JSON files")
     n.add_argument("files", nargs="+")

@@ -5,18 +5,23 @@ an all-gather overlapped with the next forward, over fused buckets.
 
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=25.0)
 """
-import torch  # noqa: F401  (loads libc10/libtorch before the extension)
+try:
+    import torch  # noqa: F401  (loads libc10/libtorch before the extension)
 
-from . import _C
-from ._build_info import build_info
-from ._module import DearModule
-from ._optimizer import DistributedOptimizer
-from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
-from ._wrap import wrap
-from .prediction import ModuleProfile, Network, Prediction, simulate
-from .profiler import TrainingProfile, profile
-from .contention import fit_compute_slowdown
-from .autotune import Plan, plan
+    from . import _C
+except ImportError as _engine_missing:  # a source tree not built yet: dearcomm.pipeline works without the engine
+    _ENGINE_ERROR = _engine_missing
+else:
+    _ENGINE_ERROR = None
+    from ._build_info import build_info
+    from ._module import DearModule
+    from ._optimizer import DistributedOptimizer
+    from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
+    from ._wrap import wrap
+    from .prediction import ModuleProfile, Network, Prediction, simulate
+    from .profiler import TrainingProfile, profile
+    from .contention import fit_compute_slowdown
+    from .autotune import Plan, plan
 
 __version__ = "0.1.0"
 __all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
@@ -30,6 +35,9 @@ def __getattr__(name: str):
     """dearcomm.fit_network and the presets, imported on first use: imported
     here eagerly, ``python -m dearcomm.network_fit`` would find its module
     already loaded and run a second copy of it."""
+    if _ENGINE_ERROR is not None and (name in __all__ or name == "_C"):
+        raise ImportError(f"dearcomm: {name} needs the compiled extension, which did not load "
+                          f"({_ENGINE_ERROR}); build it with `make build` (dearcomm.pipeline works without it)")
     if name in _NETWORK_FIT:
         from . import network_fit
         return getattr(network_fit, name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import List
 
-from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, ModelProfile, Plan, SimResult, Task, Topology, chain, servers,
-                               switched, uniform)
+from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, ModelProfile, Plan, SimResult, Task, Topology, chain,
+                               servers, switched, uniform)
 
 
 def random_profile(layers: int, seed: int) -> ModelProfile:
@@ -76,3 +76,30 @@ def check_schedule(plan: Plan, result: SimResult, topology: Topology) -> None:
                 assert a.end_ms <= b.start_ms + eps or b.end_ms <= a.start_ms + eps, \
                     f"transfers {a.task} and {b.task} overlap on a shared resource"
     assert result.makespan_ms >= max(s.end_ms for s in result.spans) - eps
+
+
+def asymmetric_topology(n: int, seed: int) -> Topology:
+    """Links of different speeds, seeded: per-direction bandwidths 0.2-8 GB/s
+    and latencies 5-50 µs (kind 0), NICs of 0.3-3 GB/s into a switch (kind
+    1), or servers of two with random NVLink, bus and NIC rates (kind 2)."""
+    rng = random.Random(seed)
+    kind = seed % 3
+    if kind == 0:
+        bw = tuple(tuple(0.0 if i == j else rng.uniform(0.2, 8.0) * 1e9 for j in range(n)) for i in range(n))
+        lat = tuple(tuple(0.0 if i == j else rng.uniform(5, 50) * 1e-6 for j in range(n)) for i in range(n))
+        return Topology(bw, lat, f"random-{seed}")
+    if kind == 1:
+        return switched([rng.uniform(0.3, 3.0) * 1e9 for _ in range(n)], name=f"switched-{seed}")
+    return servers(n, 2, True, intra_gbps=rng.uniform(2, 12), nvlink_gbps=rng.uniform(20, 100),
+                   nic_gbps=rng.uniform(0.3, 2), name=f"servers-{seed}")
+
+
+def optimality_cases(count: int, seed: int = 0):
+    """(profile, topology, micro-batches) of `count` random small problems
+    (4-8 layers, 3-4 devices, 4-6 micro-batches, at most 5 on 4 devices,
+    where the exhaustive search can take an hour at 6), reproducible from seed."""
+    rng = random.Random(seed)
+    for i in range(count):
+        layers, devices, microbatches = rng.randint(4, 8), rng.choice([3, 4]), rng.randint(4, 6)
+        microbatches = min(microbatches, 5) if devices == 4 else microbatches
+        yield random_profile(layers, 1000 * seed + i), asymmetric_topology(devices, 1000 * seed + i), microbatches

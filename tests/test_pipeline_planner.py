@@ -1,8 +1,7 @@
-"""The planner against the brute-force optimum on small cases (≤ 8 layers,
-≤ 4 devices), its determinism, and its errors. One process.
-
-The worst ratio over these cases is printed (pytest -s) and asserted ≤ 1.05;
-`benchmarks/pipeline_bench.py optimality` runs a larger sweep."""
+"""The planner against the best plan under the three order rules (brute
+force) on small cases (≤ 8 layers, ≤ 4 devices), its determinism, and its
+errors. One process. tests/test_pipeline_exhaustive.py compares it with the
+exhaustive optimum."""
 import pytest
 
 from dearcomm.pipeline import LayerProfile, chain, uniform
@@ -10,25 +9,21 @@ from dearcomm.pipeline.brute_force import brute_force
 from dearcomm.pipeline.planner import plan_pipeline
 from tests.pipeline_cases import check_schedule, random_profile, topologies
 
-CASES = [(4, 2, 4, 2), (6, 3, 4, 2), (5, 4, 3, 2), (6, 4, 6, 1)]  # (layers, devices, micro-batches, seeds)
+CASES = [(4, 2, 4, 1), (6, 3, 4, 1), (5, 4, 3, 1)]  # (layers, devices, micro-batches, seeds)
 
 
-def test_planner_is_near_the_brute_force_optimum():
+def test_planner_is_never_slower_than_the_best_rule_plan():
     from dearcomm.pipeline import simulate
     ratios = []
     for L, D, M, seeds in CASES:
         for seed in range(seeds):
             profile = random_profile(L, seed + 10 * L)
             for topo in topologies(D):
-                best = brute_force(profile, topo, M)
+                rules = brute_force(profile, topo, M)
                 plan = plan_pipeline(profile, topo, M)
                 check_schedule(plan, simulate(plan, profile, topo), topo)
-                ratios.append((plan.predicted_ms / best.predicted_ms, f"L={L} D={D} M={M} seed={seed} {topo.name}"))
-    worst = max(ratios)
-    print(f"\nplanner / brute force over {len(ratios)} cases: worst {worst[0]:.4f} ({worst[1]}), "
-          f"mean {sum(r for r, _ in ratios) / len(ratios):.4f}")
-    assert min(r for r, _ in ratios) >= 1 - 1e-9, "the brute force must be at least as good as the planner"
-    assert worst[0] <= 1.05, worst
+                ratios.append((plan.predicted_ms / rules.predicted_ms, f"L={L} D={D} M={M} seed={seed} {topo.name}"))
+    assert max(ratios)[0] <= 1 + 1e-9, max(ratios)
 
 
 def test_planner_is_deterministic_and_predicts_its_simulation():

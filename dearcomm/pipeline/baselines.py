@@ -70,7 +70,9 @@ def pipedream_plan(profile: ModelProfile, topology: Topology, num_microbatches: 
 def dapple_plan(profile: ModelProfile, topology: Topology, num_microbatches: int) -> Plan:
     _check(profile, topology, num_microbatches, "dapple_plan()")
     order = tuple(range(topology.size))
-    cands = sync_dp(profile, topology, order, num_microbatches)
+    # Its stages fit with one micro-batch in flight where any do (sync_dp); else memory is left to check_memory.
+    cands = sync_dp(profile, topology, order, num_microbatches) or \
+        sync_dp(profile, topology.with_memory(None), order, num_microbatches)
     bounds, devices = min(cands, key=lambda c: (sync_estimate(Costs(profile, topology, *c), num_microbatches), c))
     orders = one_f_one_b_orders(devices, num_microbatches, profile, topology, bounds)
     return _finish(Plan(bounds, devices, orders, num_microbatches, "dapple"), profile, topology)
@@ -100,6 +102,7 @@ def baseline_candidates(profile: ModelProfile, topology: Topology, num_microbatc
         devices.append(tuple(range(k, k + r)))
         k += r
     out.append((pd_bounds, tuple(devices)))
-    cands = sync_dp(profile, topology, tuple(range(n)), num_microbatches)
+    cands = sync_dp(profile, topology, tuple(range(n)), num_microbatches) or \
+        sync_dp(profile, topology.with_memory(None), tuple(range(n)), num_microbatches)
     out.append(min(cands, key=lambda c: (sync_estimate(Costs(profile, topology, *c), num_microbatches), c)))
     return out

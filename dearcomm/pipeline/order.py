@@ -67,3 +67,24 @@ def list_orders(profile: ModelProfile, topology: Topology, bounds: Sequence[int]
                 devices: Sequence[Sequence[int]], num_microbatches: int) -> Orders:
     """List scheduling with the longest-remaining-path priority (simulate.py)."""
     return list_schedule(profile, topology, bounds, devices, num_microbatches).orders
+
+
+def warmup_orders(devices: Sequence[Sequence[int]], num_microbatches: int, warmups: Dict[int, int]) -> Orders:
+    """Per device: warmups[d] forwards, then one backward and one forward in
+    turn, then the remaining backwards, micro-batches in order. warmups[d] is
+    the most micro-batches d keeps in flight: its share gives GPipe, S - s
+    gives 1F1B, 1 strict alternation; each device may have its own."""
+    _check(devices, num_microbatches, "warmup_orders()")
+    orders = {}
+    for s, group in enumerate(devices):
+        for j, d in enumerate(group):
+            ms = [m for m in range(num_microbatches) if m % len(group) == j]
+            validate.positive_int(warmups.get(d), f"warmups[{d}]", "warmup_orders()")
+            warm = min(len(ms), warmups[d])
+            seq: List[Task] = [Task(FORWARD, s, m) for m in ms[:warm]]
+            for b, m in enumerate(ms):
+                seq.append(Task(BACKWARD, s, m))
+                if warm + b < len(ms):
+                    seq.append(Task(FORWARD, s, ms[warm + b]))
+            orders[d] = tuple(seq)
+    return orders

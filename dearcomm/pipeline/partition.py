@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .memory import DEFAULT_OPTIMIZER_SLOTS
 from .profile import ModelProfile
 from .simulate import Costs
 from .topology import Topology
@@ -58,18 +59,26 @@ def sync_estimate(costs: Costs, num_microbatches: int) -> float:
 class _OrderTables:
     """Everything the DP needs about one device order, precomputed."""
 
-    def __init__(self, profile: ModelProfile, topology: Topology, order: Sequence[int]) -> None:
+    def __init__(self, profile: ModelProfile, topology: Topology, order: Sequence[int],
+                 optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS) -> None:
         n = len(profile)
         self.order = tuple(order)
         self.work = [0.0]   # prefix of f + b
         self.back = [0.0]   # prefix of b
         self.params = [0.0]
+        self.acts = [0.0]   # prefix of the layers' outputs (memory.stash_bytes)
         for l in profile.layers:
             self.work.append(self.work[-1] + l.forward_ms + l.backward_ms)
             self.back.append(self.back[-1] + l.backward_ms)
             self.params.append(self.params[-1] + l.param_bytes)
+            self.acts.append(self.acts[-1] + l.activation_bytes)
         self.cut = [0.0] + [profile.boundary_bytes(b) for b in range(1, n)]
+        self.slots = optimizer_slots
         D = len(order)
+        # memory[k, r]: the least capacity in the group order[k:k+r] (inf: no limit)
+        self.limited = bool(topology.memory_bytes)
+        self.memory = {(k, r): min(topology.memory_of(d) for d in order[k:k + r])
+                       for k in range(D) for r in range(1, D - k + 1)}
         # ring[k][r]: (bandwidth, latency) of the ring over order[k:k+r]
         self.ring: Dict[Tuple[int, int], Tuple[float, float]] = {}
         for k in range(D):
@@ -86,6 +95,11 @@ class _OrderTables:
                 self.into[k, r] = (max(1e3 / topology.link_bandwidth(order[k - 1], d) for d in g),
                                    max(topology.link_latency(order[k - 1], d) * 1e3 for d in g))
 
+    def fits(self, j: int, j2: int, k: int, r: int) -> bool:
+        """Layers [j, j2) fit on the group order[k:k+r] with one micro-batch in flight."""
+        need = (self.params[j2] - self.params[j]) * (2.0 + self.slots) + self.cut[j] + self.acts[j2] - self.acts[j]
+        return need <= self.memory[k, r]
+
     def allreduce(self, j: int, j2: int, k: int, r: int) -> float:
         if r < 2:
             return 0.0
@@ -95,10 +109,12 @@ class _OrderTables:
 
 
 def sync_dp(profile: ModelProfile, topology: Topology, order: Sequence[int], num_microbatches: int,
-            num_caps: int = 12, max_stages: Optional[int] = None) -> List[Candidate]:
+            num_caps: int = 12, max_stages: Optional[int] = None,
+            optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS) -> List[Candidate]:
     """Candidates (one per cap of the ladder, duplicates removed) for the
-    device order `order`: stages take consecutive devices of the order."""
-    t = _OrderTables(profile, topology, order)
+    device order `order`: stages take consecutive devices of the order. With
+    a memory limit, only stages that fit with one micro-batch in flight."""
+    t = _OrderTables(profile, topology, order, optimizer_slots)
     M, L, D = num_microbatches, len(profile), len(order)
     max_stages = min(max_stages or L, L, D)
     top = (M - 1) * t.work[L] * 1.0001
@@ -136,8 +152,8 @@ def _dp_with_cap(t: _OrderTables, L: int, D: int, M: int, cap: float, max_stages
                     x = 0.0
                 for j2 in range(j + 1, L + 1):
                     w = t.work[j2] - t.work[j]
-                    if per * w > cap:
-                        break  # work only grows with j2
+                    if per * w > cap or (t.limited and not t.fits(j, j2, k, r)):
+                        break  # work and memory only grow with j2
                     exposed = max(0.0, t.allreduce(j, j2, k, r) - t.back[j])
                     value = base + w + x + exposed
                     key = (j2, k + r)

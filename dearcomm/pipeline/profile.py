@@ -5,18 +5,16 @@ A profile is a chain of layers (topological order). `cut_bytes[i]` is what
 crosses the boundary after layer i when the model is split there: the outputs
 of every layer at or before i that a layer after i consumes (skip connections
 included), and the same number of gradient bytes flow back.
+
+Published profiles ship with the package: profile_data.load_shared_profile.
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import validate
-
-SHARED_PROFILES = os.environ.get("DEARCOMM_PROFILES", "/work/shared/profiles/layer_profiles.json")
 
 
 @dataclass(frozen=True)
@@ -101,34 +99,6 @@ def from_graph(name: str, layers: Sequence[LayerProfile], edges: Sequence[Tuple[
         live = [i for i, reader in last_reader.items() if i < b <= reader]
         cuts.append(sum(layers[i].activation_bytes for i in live) if live else layers[b - 1].activation_bytes)
     return ModelProfile(name, tuple(layers), tuple(cuts))
-
-
-def shared_profile_names(path: str = SHARED_PROFILES) -> List[str]:
-    with open(path) as f:
-        return sorted(json.load(f))
-
-
-def load_shared_profile(name: str, path: str = SHARED_PROFILES) -> ModelProfile:
-    """One model of shared/profiles/layer_profiles.json, e.g. 'pipedream/vgg16'."""
-    with open(path) as f:
-        models = json.load(f)
-    if name not in models:
-        raise ValueError(f"dearcomm: no profile {name!r} in {path}; expected one of {sorted(models)}")
-    entry = models[name]
-    layers = [_json_layer(l, f"profile {name!r} in {path}") for l in entry["layers"]]
-    return from_graph(name, layers, [tuple(e) for e in entry.get("edges", [])])
-
-
-def _json_layer(entry: Dict, where: str) -> LayerProfile:
-    """One layer of the shared profiles' JSON; its errors say which file and model."""
-    keys = ("id", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes")
-    missing = [k for k in keys if k not in entry]
-    if missing:
-        raise ValueError(f"dearcomm: {where}: layer {entry.get('id', '?')!r} lacks {missing}; expected keys {keys}")
-    try:
-        return LayerProfile(*(entry[k] for k in keys))
-    except (TypeError, ValueError) as e:  # a value LayerProfile refuses: NaN, null, "12", ...
-        raise type(e)(f"dearcomm: {where}: {str(e).removeprefix('dearcomm: ')}") from e
 
 
 def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:

@@ -1,7 +1,8 @@
 """Runs a plan for real: one process per device (torchrun or any
 torch.distributed group, rank = device), each holding its stage's layers of
 an nn.Sequential, activations and gradients sent point-to-point (gloo
-isend/irecv), a synchronous update after every micro-batch.
+isend/irecv), one synchronous update per iteration, after every
+micro-batch's backward (gradients accumulate over the micro-batches).
 
 Usage contract (as for collectives): every rank builds the same model from
 the same seed, the same plan (plan on one rank and broadcast it, or plan

@@ -9,7 +9,7 @@ all, or devices split into islands, are errors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from . import validate
@@ -56,17 +56,26 @@ class Topology:
     host_cores: if > 0, the devices are processes on one host with this many
     cores (fractional: what other load leaves), which their tasks and their
     transfers' CPU work share (default 0: every device computes on its own
-    processor)."""
+    processor); memory_bytes: each device's memory for its stage's
+    parameters, gradients, optimizer state and stashed activations (memory.py;
+    default (): unlimited)."""
     bandwidth: Tuple[Tuple[float, ...], ...]
     latency: Tuple[Tuple[float, ...], ...]
     name: str = "custom"
     link_resources: Dict[Tuple[int, int], Tuple[Resource, ...]] = field(default_factory=dict, compare=False)
     transfer_cpu: TransferCpu = TransferCpu()
     host_cores: float = 0
+    memory_bytes: Tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"topology {self.name!r}"
         validate.finite_nonnegative(self.host_cores, "host_cores", where)
+        validate.sequence(self.memory_bytes, "memory_bytes", where)
+        if self.memory_bytes and len(self.memory_bytes) != len(self.bandwidth):
+            raise ValueError(f"dearcomm: topology {self.name!r}: memory_bytes must give one capacity per device "
+                             f"({len(self.bandwidth)}) or be empty (unlimited), got {len(self.memory_bytes)}")
+        for i, cap in enumerate(self.memory_bytes):
+            validate.finite_positive(cap, f"memory_bytes[{i}]", where, kind="memory")
         validate.instance(self.transfer_cpu, TransferCpu, "transfer_cpu", where)
         validate.instance(self.link_resources, Mapping, "link_resources", where)
         validate.sequence(self.bandwidth, "bandwidth", where)
@@ -99,6 +108,19 @@ class Topology:
     @property
     def size(self) -> int:
         return len(self.bandwidth)
+
+    def memory_of(self, device: int) -> float:
+        """Bytes device `device` holds; infinite when the topology sets no limit."""
+        return self.memory_bytes[device] if self.memory_bytes else math.inf
+
+    def with_memory(self, capacity) -> "Topology":
+        """This topology with a memory limit: one number of bytes for every
+        device, or one per device; None removes the limit."""
+        if capacity is None:
+            return replace(self, memory_bytes=())
+        if isinstance(capacity, (list, tuple)):
+            return replace(self, memory_bytes=tuple(capacity))
+        return replace(self, memory_bytes=(capacity,) * self.size)
 
     def route(self, src: int, dst: int) -> List[int]:
         return self._routes[src][dst]
