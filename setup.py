@@ -131,8 +131,11 @@ setup(
     version="0.1.0",
     description="DeAR: decoupled all-reduce (reduce-scatter in backward, all-gather in forward) for PyTorch",
     packages=find_packages(include=["dearcomm", "dearcomm.*"]),
+    package_data={"dearcomm.pipeline": ["data/*.json"]},  # the profiles the pipeline planner loads by name
     python_requires=">=3.10",
     install_requires=["torch==2.14.1"],
+    # dearcomm.integrations.lightning / .accelerate; tested with lightning 2.6.6 and accelerate 1.15.0
+    extras_require={"lightning": ["lightning>=2.6,<2.7"], "accelerate": ["accelerate>=1.15,<1.16"]},
     ext_modules=extensions,
     cmdclass={"build_ext": BuildExtensionRecordingConfig},
 )

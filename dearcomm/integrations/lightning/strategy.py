@@ -1,0 +1,181 @@
+"""DearStrategy: Lightning's DDP strategy with dearcomm in place of DistributedDataParallel.
+
+Everything around the model is Lightning's DDPStrategy: the launcher
+(``_SubprocessScriptLauncher`` for ``devices=N``, or torchrun/SLURM's
+processes), the cluster environment, the process group, samplers, barriers
+and reductions. What differs is the model and its optimizer:
+
+- setup (fit): ``dearcomm.wrap(lightning_module, optimizer)`` where DDP would
+  wrap the module; the Trainer then steps the returned DistributedOptimizer.
+  Other Trainer functions (validate, test, predict) only broadcast rank 0's
+  parameters, as DDPStrategy does.
+- training_step runs inside the module's ``__call__`` (as DDP's forward), so
+  dearcomm's hooks on the root see each training forward (buffer broadcast).
+- ``accumulate_grad_batches``: the accumulating micro-batches run under
+  ``no_sync()``.
+- clipping and stepping: precision.py.
+- validation starts with ``sync()``: the last step's all-gathers are finished
+  before anything reads parameters.
+- teardown: ``close()``, so the LightningModule is again a plain module
+  holding the trained parameters, and the Trainer's optimizer the user's own
+  with the trained state (as DDPStrategy unwraps DDP).
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Dict, Generator, List, Literal, Mapping, Optional, Sequence
+
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+import lightning.pytorch as pl
+from lightning.pytorch.overrides.distributed import _sync_module_states
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.strategy import _ForwardRedirection
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import GradClipAlgorithmType
+
+import dearcomm
+from dearcomm import DearModule, WrapOptions
+
+from . import precision
+
+log = logging.getLogger(__name__)
+
+
+class DearStrategy(DDPStrategy):
+    """Data-parallel training with dearcomm: ``Trainer(strategy=DearStrategy(), devices=N)``.
+
+    The dearcomm options are those of :func:`dearcomm.wrap` (README, "Options
+    of dearcomm.wrap"); ``timeout`` is the process group's, which dearcomm's
+    collectives use too. Clipping comes from ``Trainer(gradient_clip_val=)``
+    (by norm). The other arguments are DDPStrategy's.
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket_mb: float = 25.0,
+        partition_mb: Optional[float] = None,
+        blocks: Optional[Mapping[str, Sequence[int]]] = None,
+        credit_mb: Optional[float] = None,
+        schedule: str = "dear",
+        update: Optional[str] = None,
+        find_unused_parameters: bool = False,
+        comm_dtype: Optional[torch.dtype] = None,
+        broadcast_buffers: bool = True,
+        accelerator: Optional["pl.accelerators.Accelerator"] = None,
+        parallel_devices: Optional[List[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[Precision] = None,
+        process_group_backend: Optional[str] = None,
+        timeout: Optional[timedelta] = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+    ) -> None:
+        self._dear_options: Dict[str, Any] = dict(
+            bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb, schedule=schedule,
+            update=update, find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype,
+            broadcast_buffers=broadcast_buffers)
+        WrapOptions(**self._dear_options)  # a bad option fails here, before any process starts
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        self._forward_redirection = _ForwardRedirection()
+        self._failed = False
+
+    @property
+    def schedule(self) -> str:
+        return self._dear_options["schedule"]
+
+    def setup(self, trainer: "pl.Trainer") -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and self._layer_sync:
+            self.model = self._layer_sync.apply(self.model)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()  # dearcomm's buckets take the parameters as they are now: device and dtype first
+        if fitting:
+            self.setup_optimizers(trainer)
+            self._wrap(trainer)
+        else:
+            _sync_module_states(self.model)  # nothing to reduce: rank 0's parameters, as DDPStrategy does
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _wrap(self, trainer: "pl.Trainer") -> None:
+        if len(self.optimizers) != 1:
+            raise ValueError(
+                f"dearcomm: DearStrategy trains the LightningModule with one optimizer; configure_optimizers() "
+                f"returned {len(self.optimizers)}. Put the parameters in one optimizer (param groups may differ)")
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        clip_in_step = None
+        if scaler is not None and trainer.gradient_clip_val and \
+                trainer.gradient_clip_algorithm in (None, GradClipAlgorithmType.NORM):
+            clip_in_step = float(trainer.gradient_clip_val)  # after the GradScaler unscaled, inside step()
+        self._user_optimizer = self.optimizers[0]
+        self.model, optimizer = dearcomm.wrap(self.model, self._user_optimizer, max_grad_norm=clip_in_step,
+                                              **self._dear_options)
+        self.optimizers = [optimizer]  # LR schedulers keep working: it shares param_groups with the user's
+        precision.adapt(self.precision_plugin, clip_in_step)
+
+    def configure_ddp(self) -> None:
+        raise NotImplementedError("dearcomm: DearStrategy wraps the model with dearcomm in setup(), not with DDP")
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        # Through the root's __call__, as DDP's forward runs around training_step.
+        assert self.lightning_module is not None and self.model is not None
+        with self.precision_plugin.train_step_context():
+            return self._forward_redirection(self.model, self.lightning_module, "training_step", *args, **kwargs)
+
+    @contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        """The micro-batches that accumulate (``accumulate_grad_batches``) communicate nothing."""
+        if isinstance(self.model, DearModule):
+            with self.model.no_sync():
+                yield
+        else:
+            yield
+
+    def on_validation_start(self) -> None:
+        if isinstance(self.model, DearModule):
+            self.model.sync()  # validation during fit reads the last step's parameters
+        super().on_validation_start()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self._failed = True
+        super().on_exception(exception)
+
+    def teardown(self) -> None:
+        if isinstance(self.model, DearModule):
+            try:
+                self._unwrap()
+            except Exception:  # noqa: BLE001 - a peer failed first; its error is the one to see
+                if not self._failed:
+                    raise
+                log.warning("dearcomm: unwrapping the model after a failure failed too", exc_info=True)
+        precision.restore(self.precision_plugin)
+        super().teardown()
+
+    def _unwrap(self) -> None:
+        """Back to the user's module and optimizer, holding what training
+        reached, as DDPStrategy unwraps DDP: trainer.save_checkpoint() after
+        fit() then saves them as DDP would (dearcomm's optimizer no longer
+        steps once its model is closed)."""
+        state = self.optimizers[0].state_dict()  # full; with update="sharded" gathered from every rank
+        self.model.close()  # finishes the last all-gathers: the module holds the trained parameters
+        self._user_optimizer.load_state_dict(state)
+        self.optimizers = [self._user_optimizer]
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        if "dear" not in strategy_registry:
+            strategy_registry.register("dear", cls, description="dearcomm's DeAR schedule in place of DDP")
