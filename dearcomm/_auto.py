@@ -1,0 +1,232 @@
+"""wrap()'s "auto" options: schedule, bucket_mb, partition_mb and credit_mb
+chosen for this job by simulation, at the start of training and again when
+the measured iterations drift from the prediction.
+
+At the first training forward, before any gradient is communicated:
+  1. every rank times the collectives on the training group (network_probe:
+     about a second on 1 Gbit/s) and profiles its own compute on the batch it
+     was given (profiler.profile_calls: a few forward+backward+step iterations
+     of the plain model, its state restored; the loss is the model's ``.loss``
+     or the sum of its outputs: backward costs the same whatever the loss);
+  2. rank 0 simulates every candidate the "auto" options leave open
+     (autotune.plan) on its own profile and the probed network, and
+     broadcasts its choice: every rank trains with the same plan, whatever
+     its own timings;
+  3. the choice and its predicted gain over wrap()'s default are logged once
+     (logger "dearcomm", INFO, rank 0) and kept in ``model.auto_plan()``.
+Then, after ``warmup`` more steps, every ``window`` steps rank 0 compares the
+median measured iteration with the prediction; off by more than ``drift``, all
+ranks measure and plan again at the next forward (at most ``max_replans``
+times). A re-plan that keeps the options takes the measured time as the new
+reference: later checks look for a change of the job, not for the model's
+error again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import autotune
+from ._options import WrapOptions
+from .network_fit import NetworkFit
+from .prediction import Network
+from .network_probe import probe_network
+from .profiler import TrainingProfile, profile_calls
+from ._runtime import _weak_hook
+
+logger = logging.getLogger("dearcomm")
+
+AUTO = "auto"
+AUTO_OPTIONS = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
+"""wrap()'s options that take "auto"."""
+
+DRIFT = 0.25
+"""Re-plan when the median measured iteration is this fraction off the prediction."""
+WINDOW = 20
+"""Steps per drift check (their median is compared)."""
+WARMUP = 5
+"""Steps after a plan before its iterations are measured (allocators, caches)."""
+MAX_REPLANS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPlan:
+    """What "auto" chose, and from what (rank 0's measurements)."""
+    options: Dict[str, Any]
+    """The wrap() options trained with since ``step``."""
+    predicted_ms: float
+    default_ms: float
+    """wrap()'s default (dear, 25 MiB buckets) on the same prediction."""
+    candidates: int
+    step: int
+    """Optimizer steps taken before this plan (0: planned at the start)."""
+    reason: str
+    network: Network
+    """α–β of the probed collectives, fitted (rank 0's timings)."""
+    profile: TrainingProfile
+
+    @property
+    def gain_over_default(self) -> float:
+        return self.default_ms / self.predicted_ms
+
+    def __str__(self) -> str:
+        chosen = " ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return (f"dearcomm auto ({self.reason}): {chosen} -> {self.predicted_ms:.2f} ms per iteration predicted, "
+                f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
+                f"candidates simulated on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
+                f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
+                f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s)")
+
+
+def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
+    """wrap()'s values of AUTO_OPTIONS -> (the values to start with, the names
+    that are "auto"). An "auto" starts at wrap()'s default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(WrapOptions) if f.name in AUTO_OPTIONS}
+    start, auto = {}, []
+    for name, value in values.items():
+        if isinstance(value, str) and value == AUTO:
+            auto.append(name)
+            start[name] = defaults[name]
+        else:
+            start[name] = value
+    if auto and blocks:
+        raise ValueError(f"dearcomm: {'/'.join(auto)}='auto' cannot be combined with blocks: blocks fix the layout, "
+                         "which the planner's simulation does not know")
+    if "schedule" in auto and start["credit_mb"] is not None:
+        raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
+                         "'auto' (the planner sets it where it picks bytescheduler)")
+    return start, tuple(auto)
+
+
+class AutoPlanner:
+    """The runtime's "auto" part (see the module's docstring)."""
+
+    def __init__(self, runtime, module: nn.Module, optimizer: torch.optim.Optimizer, auto: Tuple[str, ...],
+                 update_given: bool) -> None:
+        self.runtime = runtime
+        self.optimizer = optimizer  # the user's: profiling times its full step
+        self.auto = auto
+        self.update_free = "schedule" in auto and not update_given  # the planner picks the update too
+        self.plans: List[AutoPlan] = []
+        self._plan_due = True
+        self._reference_ms: Optional[float] = None  # what measured iterations are compared with
+        self._last_measured_ms: Optional[float] = None
+        self._replan_reason = ""
+        self._steps = 0
+        self._measure_from = WARMUP
+        self._last_step_end: Optional[float] = None
+        self._iteration_ms: List[float] = []
+        self.handle = module.register_forward_pre_hook(_weak_hook(self._before_forward), with_kwargs=True, prepend=True)
+
+    # ---- hooks ------------------------------------------------------------------
+
+    def _before_forward(self, module: nn.Module, args, kwargs) -> None:
+        if not self._plan_due or self.runtime.planning or not (module.training and torch.is_grad_enabled()):
+            return
+        self._plan_due = False
+        first = not self.plans
+        reason = "first training forward" if first else self._replan_reason
+        self.runtime.sync()  # parameters current before they are profiled
+        network = probe_network(self.runtime.group, self.runtime.params[0].device if self.runtime.params
+                                else next(module.parameters()).device)
+        profile = self._profile(module, args, kwargs)
+        plan = self._plan_on_rank0(profile, network, reason)
+        self.plans.append(plan)
+        if self.runtime.rank == 0:
+            logger.info("%s", plan)
+        current = {name: getattr(self.runtime.options, name) for name in plan.options}
+        if plan.options != current:
+            self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **plan.options))
+        self._reference_ms = plan.predicted_ms if first or plan.options != current else self._last_measured_ms
+        self._measure_from = self._steps + WARMUP
+        self._iteration_ms.clear()
+        self._last_step_end = None
+
+    def step_ended(self) -> None:
+        """After every optimizer.step(): the iteration's time, and at the end
+        of a window the drift check (a broadcast from rank 0, on every rank)."""
+        now = time.perf_counter()
+        self._steps += 1
+        if self._last_step_end is not None and self._steps > self._measure_from:
+            self._iteration_ms.append((now - self._last_step_end) * 1e3)
+        self._last_step_end = now
+        if len(self._iteration_ms) < WINDOW or self._reference_ms is None:
+            return
+        measured = statistics.median(self._iteration_ms)
+        self._iteration_ms.clear()
+        decision = [None]
+        if self.runtime.rank == 0:
+            off = abs(measured / self._reference_ms - 1)
+            if off > DRIFT and len(self.plans) <= MAX_REPLANS:
+                decision = [(measured, f"measured {measured:.2f} ms per iteration vs {self._reference_ms:.2f} ms "
+                                       f"expected at step {self._steps}")]
+        dist.broadcast_object_list(decision, src=dist.get_global_rank(self.runtime.group, 0), group=self.runtime.group)
+        if decision[0] is not None:
+            self._last_measured_ms, self._replan_reason = decision[0]
+            self._plan_due = True
+
+    # ---- measuring and planning ------------------------------------------------------
+
+    def _profile(self, module: nn.Module, args, kwargs) -> TrainingProfile:
+        grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
+        self.runtime.planning = True
+        try:
+            return profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
+                                 iterations=3, warmup=1)
+        finally:
+            self.runtime.planning = False
+            for p, grad in grads.items():
+                p.grad = grad
+
+    def _plan_on_rank0(self, profile: TrainingProfile, network: NetworkFit, reason: str) -> AutoPlan:
+        runtime = self.runtime
+        chosen = [None]
+        if runtime.rank == 0:
+            options = runtime.options
+            fixed = lambda name, grid: grid if name in self.auto else (getattr(options, name),)  # noqa: E731
+            result = autotune.plan(
+                profile, world_size=runtime.world_size, network=network.network,
+                schedules=None if "schedule" in self.auto else [options.schedule],
+                updates=None if self.update_free else [options.update],
+                bucket_mb=fixed("bucket_mb", autotune.BUCKET_MB),
+                partition_mb=fixed("partition_mb", autotune.PARTITION_MB),
+                credit_mb=fixed("credit_mb", autotune.CREDIT_MB))
+            keys = self.auto + (("update",) if self.update_free else ())
+            chosen = [AutoPlan(options={k: result.options[k] for k in keys},
+                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
+                               candidates=len(result.candidates), step=self._steps, reason=reason,
+                               network=network.network, profile=profile)]
+        dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
+        return chosen[0]
+
+
+def surrogate_loss(output: Any) -> torch.Tensor:
+    """A scalar to run backward from: the output's ``.loss`` (Hugging Face
+    models), else the sum of every floating-point tensor in it. Backward's
+    cost does not depend on which loss it starts from."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss
+    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise ValueError("dearcomm: auto could not profile the model: its output holds no floating-point tensor "
+                         "that requires grad (nothing to run backward from)")
+    return sum(t.float().sum() for t in tensors)
+
+
+def _tensors(value: Any):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
