@@ -87,7 +87,11 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              # same collectives as dear-sharded (all-gather before each unit's
              # forward, reduce-scatter in backward, the step on a shard), issued
              # by torch. Named only on request (not in --schedules' default).
-             "fsdp2": ("fsdp2", None)}
+             "fsdp2": ("fsdp2", None),
+             # wrap()'s "auto": schedule, bucket_mb, partition_mb and credit_mb
+             # chosen at the first forward (probe, profile, simulation); its
+             # choice is printed. Takes no modifiers.
+             "auto": ("auto", None)}
 NOT_BY_DEFAULT = ("ddp+gather", "fsdp2")
 
 # FSDP2's units: each gets its own fully_shard (one all-gather and one
@@ -114,8 +118,8 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
-    if schedule == "fsdp2" and mods:
-        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: fsdp2 takes none")
+    if schedule in ("fsdp2", "auto") and mods:
+        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: {schedule} takes none")
     if syncs_after_step(spec):
         mods.pop()
         if schedule not in ("dear", "bytescheduler"):
@@ -168,7 +172,7 @@ def run_names(args):
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] in ("ddp", "fsdp2"):
+        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto"):
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
@@ -326,17 +330,21 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0):
+def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None):
     """The run's iteration in seconds on the simulated device: its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
     as wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the
     same collectives at the same points, overlapped: what FSDP2 reaches where
     its collectives run beside compute, which they do not on CPU), with
-    buckets of --bucket-mb standing in for its units."""
+    buckets of --bucket-mb standing in for its units. auto: with the options it
+    chose (``chosen``)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
-    if schedule == "ddp":
+    if schedule == "auto":
+        schedule, update, bucket_mb, partition, credit = (chosen[k] for k in (
+            "schedule", "update", "bucket_mb", "partition_mb", "credit_mb"))
+    elif schedule == "ddp":
         schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
@@ -390,6 +398,9 @@ def build(name, args):
     if schedule == "fsdp2":
         return build_fsdp2(args, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if schedule == "auto":
+        return dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
+                             credit_mb="auto")
     if schedule == "ddp":
         ddp = DistributedDataParallel(model, bucket_cap_mb=partition or args.bucket_mb)
         if update == "gather":
@@ -599,6 +610,7 @@ def main():
         layouts.setdefault(layout_key(layout), layout)
         comm_of[name] = layout_key(layout)
     comm = {key: measure_collectives(args, layout, probe) for key, layout in layouts.items()}
+    plans = {name: model.auto_plan() for name, (model, _) in runs.items() if parse_run(name)[0] == "auto"}
     base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
         comm[comm_of[names[0]]]
     label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
@@ -625,8 +637,10 @@ def main():
     rows = {}
     for name, t in times.items():
         c = comm[comm_of[name]]
-        ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world)
-        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown))
+        chosen = plans[name].options if name in plans else None
+        ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
+                          chosen=chosen)
+        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen))
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
@@ -637,6 +651,9 @@ def main():
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
                           loss_diff_vs_ddp=loss_diff.get(name))
+        if name in plans:
+            rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
+                              auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s)
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
@@ -660,6 +677,8 @@ def main():
             if isinstance(model, DistributedDataParallel) and parse_run(name)[2]:
                 buckets = len(model.reducer._get_zeros_like_grad_buckets())  # as rebuilt after the warm-up
                 print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
+        for name, plan in plans.items():
+            print(f"  {name}: {plan}")
         if len(loss_diff) > 1:
             print("losses vs ddp, max |diff| over the 2 warm-up steps and the ranks: "
                   + "  ".join(f"{n} {d:.1e}" for n, d in loss_diff.items() if n != "ddp"))

@@ -71,6 +71,8 @@ class AutoPlan:
     network: Network
     """α–β of the probed collectives, fitted (rank 0's timings)."""
     profile: TrainingProfile
+    planning_s: float = 0.0
+    """Rank 0's wall time for probing, profiling and simulating."""
 
     @property
     def gain_over_default(self) -> float:
@@ -80,7 +82,7 @@ class AutoPlan:
         chosen = " ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return (f"dearcomm auto ({self.reason}): {chosen} -> {self.predicted_ms:.2f} ms per iteration predicted, "
                 f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
-                f"candidates simulated on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
+                f"candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
                 f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s)")
 
@@ -133,11 +135,12 @@ class AutoPlanner:
         self._plan_due = False
         first = not self.plans
         reason = "first training forward" if first else self._replan_reason
+        started = time.perf_counter()
         self.runtime.sync()  # parameters current before they are profiled
         network = probe_network(self.runtime.group, self.runtime.params[0].device if self.runtime.params
                                 else next(module.parameters()).device)
         profile = self._profile(module, args, kwargs)
-        plan = self._plan_on_rank0(profile, network, reason)
+        plan = self._plan_on_rank0(profile, network, reason, started)
         self.plans.append(plan)
         if self.runtime.rank == 0:
             logger.info("%s", plan)
@@ -185,7 +188,7 @@ class AutoPlanner:
             for p, grad in grads.items():
                 p.grad = grad
 
-    def _plan_on_rank0(self, profile: TrainingProfile, network: NetworkFit, reason: str) -> AutoPlan:
+    def _plan_on_rank0(self, profile: TrainingProfile, network: NetworkFit, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
         chosen = [None]
         if runtime.rank == 0:
@@ -202,7 +205,8 @@ class AutoPlanner:
             chosen = [AutoPlan(options={k: result.options[k] for k in keys},
                                predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                                candidates=len(result.candidates), step=self._steps, reason=reason,
-                               network=network.network, profile=profile)]
+                               network=network.network, profile=profile,
+                               planning_s=time.perf_counter() - started)]
         dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
         return chosen[0]
 
