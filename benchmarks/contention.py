@@ -30,7 +30,7 @@ from common import init  # noqa: E402
 from models import MODELS  # noqa: E402
 
 from dearcomm import _C  # noqa: E402
-from dearcomm.contention import fit_compute_slowdown  # noqa: E402
+from dearcomm.contention import fit_comm_slowdown, fit_compute_slowdown  # noqa: E402
 
 
 def compute_iteration(model, x, y) -> float:
@@ -86,7 +86,7 @@ def measure(model, x, y, backend, mib: float, iters: int) -> dict:
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
     fit = fit_compute_slowdown(alone_s=alone, beside=beside)
     return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
-                compute_slowdown=fit.slowdown)
+                compute_slowdown=fit.slowdown, comm_slowdown=fit_comm_slowdown(comm_alone, comm_beside))
 
 
 def main():

@@ -36,8 +36,9 @@ module's parameters (benchmarks/README.md derives what bytescheduler's ideal the
 simulated device gives it, and any schedule's, without a formula per schedule).
   predicted                    the same simulation fed what a user's prediction is fed: this rank's
                                dearcomm.profile() (per-module forward and backward, gradient-ready
-                               order, the step) and compute slowed by the factor measured beside an
-                               all-reduce (benchmarks/contention.py); the slowest rank's; error =
+                               order, the step), compute slowed by the factor measured beside an
+                               all-reduce and the collectives by the factor measured beside compute
+                               (benchmarks/contention.py); the slowest rank's; error =
                                predicted / measured - 1
 efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
 median / the run's (> 1: faster than DDP).
@@ -330,7 +331,7 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None):
+def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0):
     """The run's iteration in seconds on the simulated device: its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -353,7 +354,8 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
         _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
         seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
-    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown)
+    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
+                               comm_slowdown=comm_slowdown)
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
                                    step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit)
     return prediction.iteration_ms / 1e3
@@ -599,7 +601,7 @@ def main():
     contention_mib = min(64.0, n_params * 4 / 2**20)
     contention = measure_contention(make(args), x, y, _C.process_group_backend(dist.group.WORLD), contention_mib,
                                     args.iters)
-    slowdown = contention["compute_slowdown"]
+    slowdown, comm_slowdown = contention["compute_slowdown"], contention["comm_slowdown"]
     runs = {name: build(name, args) for name in names}
     loss_diff = loss_differences(warm_up(runs, x, y))
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
@@ -640,7 +642,8 @@ def main():
         chosen = plans[name].options if name in plans else None
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen)
-        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen))
+        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
+                                      comm_slowdown=comm_slowdown))
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
@@ -666,7 +669,8 @@ def main():
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
         print(f"prediction: rank 0's profile of {len(profile.modules)} modules (fwd {profile.forward_ms:.1f}, "
               f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
-              f"an all-reduce of {contention_mib:.1f} MiB (rank 0)")
+              f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
+              "(rank 0)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]

@@ -15,6 +15,10 @@ that took `wall` then spent wall·(1-c) alone and did the rest of its work at
 fit_compute_slowdown() solves that per iteration (w: the median alone) and
 takes the median over iterations the channel covered for at least half.
 
+The other direction (Network.comm_slowdown, λ): the same benchmark times the
+collective alone and back to back beside the compute loop, which covers it
+whole; fit_comm_slowdown() takes the ratio of the medians (at least 1).
+
     fit = dearcomm.fit_compute_slowdown("results/contention.json")
     network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)
 """
@@ -93,3 +97,14 @@ def fit_compute_slowdown(measurements: Union[str, Path, dict, None] = None, *,
                          "of its time; run longer collectives (benchmarks/contention.py --mib)")
     return SlowdownFit(slowdown=statistics.median(estimates), alone_ms=w * 1e3, used=len(estimates),
                        spread=(min(estimates), max(estimates)))
+
+
+def fit_comm_slowdown(alone_s: Sequence[float], beside_s: Sequence[float]) -> float:
+    """λ >= 1: how many times longer a collective takes while compute runs
+    beside it, from its times alone and beside compute (seconds; the
+    ``comm_alone_s`` and ``comm_beside_s`` lists of benchmarks/contention.py)."""
+    if not alone_s or not beside_s:
+        raise ValueError("dearcomm: fit_comm_slowdown needs collective times alone and beside compute")
+    alone = statistics.median(_positive(t, "a collective's time alone") for t in alone_s)
+    beside = statistics.median(_positive(t, "a collective's time beside compute") for t in beside_s)
+    return max(1.0, beside / alone)
