@@ -54,6 +54,7 @@ a run that trains like DDP; at more ranks float32 summation order may differ.
 """
 import argparse
 import contextlib
+import dataclasses
 import os
 import resource
 import statistics
@@ -69,6 +70,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_json  # noqa: E402
 from contention import measure as measure_contention  # noqa: E402
+from bo_tuner import TRIALS, live_measure, tune_bucket_mb  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import dearcomm  # noqa: E402
@@ -92,7 +94,11 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              # wrap()'s "auto": schedule, bucket_mb, partition_mb and credit_mb
              # chosen at the first forward (probe, profile, simulation); its
              # choice is printed. Takes no modifiers.
-             "auto": ("auto", None)}
+             "auto": ("auto", None),
+             # DeAR's own tuner as a baseline for auto: dear sharded, its bucket
+             # size found by Bayesian optimisation on the running job before it
+             # is timed (benchmarks/bo_tuner.py). Takes no modifiers.
+             "dear-bo": ("dear", "sharded")}
 NOT_BY_DEFAULT = ("ddp+gather", "fsdp2")
 
 # FSDP2's units: each gets its own fully_shard (one all-gather and one
@@ -119,8 +125,8 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
-    if schedule in ("fsdp2", "auto") and mods:
-        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: {schedule} takes none")
+    if (schedule in ("fsdp2", "auto") or base == "dear-bo") and mods:
+        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: {base} takes none")
     if syncs_after_step(spec):
         mods.pop()
         if schedule not in ("dear", "bytescheduler"):
@@ -173,7 +179,7 @@ def run_names(args):
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto"):
+        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto") or base == "dear-bo":
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
@@ -338,11 +344,11 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
     as wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the
     same collectives at the same points, overlapped: what FSDP2 reaches where
     its collectives run beside compute, which they do not on CPU), with
-    buckets of --bucket-mb standing in for its units. auto: with the options it
-    chose (``chosen``)."""
+    buckets of --bucket-mb standing in for its units. auto and dear-bo: with
+    the options they chose (``chosen``)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
-    if schedule == "auto":
+    if chosen is not None:
         schedule, update, bucket_mb, partition, credit = (chosen[k] for k in (
             "schedule", "update", "bucket_mb", "partition_mb", "credit_mb"))
     elif schedule == "ddp":
@@ -440,6 +446,17 @@ def gather_beside_forward(ddp, layout):
 
     ddp.module.register_forward_pre_hook(start)
     ddp.module.register_forward_hook(finish)
+
+
+def bo_tune(model, optimizer, x, y, iters, trials=TRIALS):
+    """dear-bo: DeAR's tuner picks the bucket size on this run (bo_tuner.py);
+    the run then trains with it, its buckets rebuilt, nothing in flight."""
+    tuned = tune_bucket_mb(live_measure(model, lambda: iteration(model, optimizer, x, y), iters), trials=trials)
+    runtime = model._dear
+    runtime.reconfigure(dataclasses.replace(runtime.options, bucket_mb=tuned.bucket_mb))
+    iteration(model, optimizer, x, y)
+    settle(model)
+    return tuned
 
 
 def settle(model):
@@ -604,6 +621,8 @@ def main():
     slowdown, comm_slowdown = contention["compute_slowdown"], contention["comm_slowdown"]
     runs = {name: build(name, args) for name in names}
     loss_diff = loss_differences(warm_up(runs, x, y))
+    tuned = {name: bo_tune(model, optimizer, x, y, args.iters) for name, (model, optimizer) in runs.items()
+             if name.split("/")[0] == "dear-bo"}
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
     for name, (model, _) in runs.items():
@@ -640,6 +659,9 @@ def main():
     for name, t in times.items():
         c = comm[comm_of[name]]
         chosen = plans[name].options if name in plans else None
+        if name in tuned:
+            chosen = dict(schedule="dear", update="sharded", bucket_mb=tuned[name].bucket_mb, partition_mb=None,
+                          credit_mb=None)
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen)
         predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
@@ -654,6 +676,9 @@ def main():
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
                           loss_diff_vs_ddp=loss_diff.get(name))
+        if name in tuned:
+            rows[name].update(bo_bucket_mb=tuned[name].bucket_mb, bo_trials=tuned[name].trials,
+                              bo_tuning_s=tuned[name].seconds)
         if name in plans:
             rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
                               auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s)
@@ -683,6 +708,9 @@ def main():
                 print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
         for name, plan in plans.items():
             print(f"  {name}: {plan}")
+        for name, t in tuned.items():
+            print(f"  {name}: bucket_mb={t.bucket_mb:.2f} after {len(t.trials)} trials in {t.seconds:.1f} s: "
+                  + ", ".join(f"{mb:.1f} MiB {1e3 * sec:.0f} ms" for mb, sec in t.trials))
         if len(loss_diff) > 1:
             print("losses vs ddp, max |diff| over the 2 warm-up steps and the ranks: "
                   + "  ".join(f"{n} {d:.1e}" for n, d in loss_diff.items() if n != "ddp"))

@@ -29,9 +29,9 @@ def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group) -> No
     if kind == "all_reduce":
         dist.all_reduce(full, group=group)
     elif kind == "reduce_scatter":
-        dist.reduce_scatter_tensor(shard, full, group=group)
+        dist.reduce_scatter_single(shard, full, group=group)
     else:
-        dist.all_gather_into_tensor(full, shard, group=group)
+        dist.all_gather_single(full, shard, group=group)
 
 
 def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, repeats: int) -> float:
