@@ -616,7 +616,7 @@ def main():
     profile = dearcomm.profile(profiled, (x, y), torch.optim.AdamW(profiled.parameters(), lr=1e-4),
                                loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]), iterations=args.iters)
     contention_mib = min(64.0, n_params * 4 / 2**20)
-    contention = measure_contention(make(args), x, y, _C.process_group_backend(dist.group.WORLD), contention_mib,
+    contention = measure_contention(make(args), x, y, contention_mib,
                                     args.iters)
     slowdown, comm_slowdown = contention["compute_slowdown"], contention["comm_slowdown"]
     runs = {name: build(name, args) for name in names}

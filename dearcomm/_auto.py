@@ -8,15 +8,18 @@ At the first training forward, before any gradient is communicated:
      was given (profiler.profile_calls: a few forward+backward+step iterations
      of the plain model, its state restored; the loss is the model's ``.loss``
      or the sum of its outputs: backward costs the same whatever the loss);
+     on a CPU it also measures how much compute and collectives slow each
+     other on its shared cores (contention.measure_contention: forward and
+     backward beside all-reduces of up to 64 MiB, a few seconds at 1 Gbit/s);
   2. rank 0 simulates every candidate the "auto" options leave open
      (autotune.plan) on its own profile and the probed network, and
      broadcasts its choice: every rank trains with the same plan, whatever
      its own timings;
   3. the choice and its predicted gain over wrap()'s default are logged once
      (logger "dearcomm", INFO, rank 0) and kept in ``model.auto_plan()``.
-Then, after ``warmup`` more steps, every ``window`` steps rank 0 compares the
-median measured iteration with the prediction; off by more than ``drift``, all
-ranks measure and plan again at the next forward (at most ``max_replans``
+Then, after WARMUP more steps, every WINDOW steps rank 0 compares the
+median measured iteration with the prediction; off by more than DRIFT, all
+ranks measure and plan again at the next forward (at most MAX_REPLANS
 times). A re-plan that keeps the options takes the measured time as the new
 reference: later checks look for a change of the job, not for the model's
 error again.
@@ -35,7 +38,7 @@ from torch import nn
 
 from . import autotune
 from ._options import WrapOptions
-from .network_fit import NetworkFit
+from .contention import measure_contention
 from .prediction import Network
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
@@ -54,6 +57,8 @@ WINDOW = 20
 WARMUP = 5
 """Steps after a plan before its iterations are measured (allocators, caches)."""
 MAX_REPLANS = 2
+CONTENTION_BYTES = 64 * 2**20
+"""All-reduce size for the contention measurement (or the model's size, if smaller)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +74,8 @@ class AutoPlan:
     """Optimizer steps taken before this plan (0: planned at the start)."""
     reason: str
     network: Network
-    """α–β of the probed collectives, fitted (rank 0's timings)."""
+    """α–β of the probed collectives, fitted, and on a CPU the contention
+    factors (rank 0's measurements)."""
     profile: TrainingProfile
     planning_s: float = 0.0
     """Rank 0's wall time for probing, profiling and simulating."""
@@ -84,7 +90,9 @@ class AutoPlan:
                 f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
                 f"candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
                 f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
-                f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s)")
+                f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
+                f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
+                f"{self.network.comm_slowdown:.2f}x slower beside compute)")
 
 
 def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
@@ -137,9 +145,8 @@ class AutoPlanner:
         reason = "first training forward" if first else self._replan_reason
         started = time.perf_counter()
         self.runtime.sync()  # parameters current before they are profiled
-        network = probe_network(self.runtime.group, self.runtime.params[0].device if self.runtime.params
-                                else next(module.parameters()).device)
-        profile = self._profile(module, args, kwargs)
+        fit = probe_network(self.runtime.group, next(module.parameters()).device)
+        profile, network = self._measure(module, args, kwargs, fit.network)
         plan = self._plan_on_rank0(profile, network, reason, started)
         self.plans.append(plan)
         if self.runtime.rank == 0:
@@ -177,25 +184,39 @@ class AutoPlanner:
 
     # ---- measuring and planning ------------------------------------------------------
 
-    def _profile(self, module: nn.Module, args, kwargs) -> TrainingProfile:
+    def _measure(self, module: nn.Module, args, kwargs, network: Network) -> Tuple[TrainingProfile, Network]:
+        """This rank's profile, on the plain model; on a CPU also how much
+        compute and collectives slow each other (they share its cores), in
+        ``network``. The hooks stand aside; gradients are put back as they were."""
         grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
+
+        def forward_backward() -> None:
+            surrogate_loss(module(*args, **kwargs)).backward()
+            module.zero_grad(set_to_none=True)
+
         self.runtime.planning = True
         try:
-            return profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
-                                 iterations=3, warmup=1)
+            profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
+                                    iterations=3, warmup=1)
+            if next(module.parameters()).device.type == "cpu":
+                nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
+                measured = measure_contention(forward_backward, self.runtime.group, nbytes=nbytes, iters=3)
+                network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
+                                              comm_slowdown=measured["comm_slowdown"])
+            return profile, network
         finally:
             self.runtime.planning = False
             for p, grad in grads.items():
                 p.grad = grad
 
-    def _plan_on_rank0(self, profile: TrainingProfile, network: NetworkFit, reason: str, started: float) -> AutoPlan:
+    def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
         chosen = [None]
         if runtime.rank == 0:
             options = runtime.options
             fixed = lambda name, grid: grid if name in self.auto else (getattr(options, name),)  # noqa: E731
             result = autotune.plan(
-                profile, world_size=runtime.world_size, network=network.network,
+                profile, world_size=runtime.world_size, network=network,
                 schedules=None if "schedule" in self.auto else [options.schedule],
                 updates=None if self.update_free else [options.update],
                 bucket_mb=fixed("bucket_mb", autotune.BUCKET_MB),
@@ -205,7 +226,7 @@ class AutoPlanner:
             chosen = [AutoPlan(options={k: result.options[k] for k in keys},
                                predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                                candidates=len(result.candidates), step=self._steps, reason=reason,
-                               network=network.network, profile=profile,
+                               network=network, profile=profile,
                                planning_s=time.perf_counter() - started)]
         dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
         return chosen[0]
