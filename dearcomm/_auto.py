@@ -194,15 +194,19 @@ class AutoPlanner:
             surrogate_loss(module(*args, **kwargs)).backward()
             module.zero_grad(set_to_none=True)
 
+        device = next(module.parameters()).device
         self.runtime.planning = True
+        # fork_rng: dropout and the like draw during profiling; training then
+        # draws what it would have drawn without "auto".
         try:
-            profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
-                                    iterations=3, warmup=1)
-            if next(module.parameters()).device.type == "cpu":
-                nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
-                measured = measure_contention(forward_backward, self.runtime.group, nbytes=nbytes, iters=3)
-                network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
-                                              comm_slowdown=measured["comm_slowdown"])
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
+                                        iterations=3, warmup=1)
+                if device.type == "cpu":
+                    nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
+                    measured = measure_contention(forward_backward, self.runtime.group, nbytes=nbytes, iters=3)
+                    network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
+                                                  comm_slowdown=measured["comm_slowdown"])
             return profile, network
         finally:
             self.runtime.planning = False

@@ -127,6 +127,7 @@ class DistributedOptimizer(Optimizer):
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
+        self.optimizer._opt_called = True  # what an LR scheduler over your optimizer checks (it may not step itself)
         engine.end_step()
         self._runtime.after_step()
         return None

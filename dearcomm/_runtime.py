@@ -145,6 +145,7 @@ class DearRuntime:
         for param in self.names:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._buffers = [b for b in module.buffers()]
+        self._buffers_due = True  # the next training forward broadcasts them
         if options.broadcast_buffers and self._buffers:
             self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
 
@@ -172,9 +173,15 @@ class DearRuntime:
 
     def _broadcast_buffers(self, module: nn.Module, args) -> None:
         # As DDP (broadcast_buffers=True): a training forward starts from rank
-        # 0's buffers (BatchNorm's running statistics), so every rank keeps the same.
-        if module.training and torch.is_grad_enabled() and self.sync_gradients and not self.planning:
+        # 0's buffers (BatchNorm's running statistics), so every rank keeps the
+        # same; and, as DDP, only the first training forward and those after a
+        # synchronising one do (with no_sync() accumulation: the first
+        # micro-batch of each step, not the last).
+        if not (module.training and torch.is_grad_enabled()) or self.planning:
+            return
+        if self._buffers_due:
             dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
+        self._buffers_due = self.sync_gradients
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:

@@ -36,9 +36,16 @@ def _auto_worker(rank, world_size):
     model = MixedNet()
     slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
     model.conv.register_forward_hook(lambda *args: time.sleep(slow))
+    draws = []  # what training forwards draw (as dropout would): profiling must not shift them
+
+    def draw(*args):
+        if not model._dear.planning:
+            draws.append(torch.rand(1).item())
+    model.fc.register_forward_hook(draw)
     model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", bucket_mb="auto",
                                      partition_mb="auto", credit_mb="auto")
     assert model.auto_plan() is None
+    torch.manual_seed(1)
     for step, (x, y) in enumerate(batches(STEPS, global_batch(world_size))):
         step_on_slice(model, optimizer, x, y, rank, world_size)
         if step == 4:  # moves the optimizer state through every update strategy and two layouts
@@ -47,6 +54,8 @@ def _auto_worker(rank, world_size):
                 x2, y2 = next(batches(1, global_batch(world_size), seed=100 + step))
                 step_on_slice(model, optimizer, x2, y2, rank, world_size)
     model.sync()
+    torch.manual_seed(1)
+    assert draws == [torch.rand(1).item() for _ in draws], "profiling drew from the training's random stream"
     plans = model._dear.auto.plans
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
                 plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network) for p in plans],
@@ -111,3 +120,4 @@ def test_surrogate_loss_sums_every_output_that_trains():
     assert surrogate_loss(WithLoss()) is WithLoss.loss
     with pytest.raises(ValueError, match="dearcomm: auto could not profile the model"):
         surrogate_loss((torch.ones(2), [torch.arange(2)]))
+
