@@ -68,8 +68,9 @@ class DearModule:
     def overlap_report(self) -> OverlapReport:
         """How much of this rank's communication ran beside compute, measured
         over 10 iterations after the first 3 (dearcomm/overlap.py): iteration,
-        compute, communication and exposed communication times (medians) and
-        the perfect-overlap bound. Raises until those iterations have run."""
+        compute, communication and exposed communication times (medians), the
+        perfect-overlap bound and, with wrap()'s "auto" options, the plan they
+        chose and its predicted time. Raises until those iterations have run."""
         return self._dear.overlap.get()
 
     def auto_plan(self):

@@ -14,7 +14,7 @@ from dearcomm._auto import surrogate_loss
 from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
-STEPS = 8
+STEPS = 11  # with the 3 reconfiguration steps: 14, past the overlap report's 13
 
 # Options a re-plan may move between, each with AdamW state to carry over:
 # the update strategy changes (sharded -> replicated -> full), and the layout.
@@ -57,6 +57,9 @@ def _auto_worker(rank, world_size):
     torch.manual_seed(1)
     assert draws == [torch.rand(1).item() for _ in draws], "profiling drew from the training's random stream"
     plans = model._dear.auto.plans
+    report = model.overlap_report()
+    assert report.best_plan_ms == plans[-1].predicted_ms and "schedule=" in report.best_plan, report
+    assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
                 plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network) for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
