@@ -13,16 +13,20 @@ At the first training forward, before any gradient is communicated:
      backward beside all-reduces of up to 64 MiB, a few seconds at 1 Gbit/s);
   2. rank 0 simulates every candidate the "auto" options leave open
      (autotune.plan) on its own profile and the probed network, and
-     broadcasts its choice: every rank trains with the same plan, whatever
-     its own timings;
-  3. the choice and its predicted gain over wrap()'s default are logged once
-     (logger "dearcomm", INFO, rank 0) and kept in ``model.auto_plan()``.
+     broadcasts a shortlist: the best predicted candidate of each schedule
+     and update, then the next best, MAX_TRIALS at most;
+  3. training goes on with each shortlisted candidate in turn for one step
+     that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
+     state moving along, DearRuntime.reconfigure), and keeps the fastest
+     measured: rank 0's medians decide, so every rank trains with the same
+     plan, whatever its own timings. A prediction is within 10-20% here; a
+     few measured steps separate candidates the simulator ranks too close;
+  4. the plan and the choice are logged (logger "dearcomm", INFO, rank 0)
+     and kept in ``model.auto_plan()``.
 Then, after WARMUP more steps, every WINDOW steps rank 0 compares the
-median measured iteration with the prediction; off by more than DRIFT, all
-ranks measure and plan again at the next forward (at most MAX_REPLANS
-times). A re-plan that keeps the options takes the measured time as the new
-reference: later checks look for a change of the job, not for the model's
-error again.
+median measured iteration with what the chosen candidate measured; off by
+more than DRIFT, all ranks measure and plan again at the next forward (at
+most MAX_REPLANS times).
 """
 from __future__ import annotations
 
@@ -57,6 +61,10 @@ WINDOW = 20
 WARMUP = 5
 """Steps after a plan before its iterations are measured (allocators, caches)."""
 MAX_REPLANS = 2
+MAX_TRIALS = 4
+"""Candidates measured on the running job after each plan (see the module's docstring)."""
+TRIAL_STEPS = 3
+"""Steps measured per candidate, after one that rebuilds its buckets."""
 CONTENTION_BYTES = 64 * 2**20
 """All-reduce size for the contention measurement (or the model's size, if smaller)."""
 
@@ -79,20 +87,32 @@ class AutoPlan:
     profile: TrainingProfile
     planning_s: float = 0.0
     """Rank 0's wall time for probing, profiling and simulating."""
+    shortlist: Tuple[Tuple[Dict[str, Any], float], ...] = ()
+    """The candidates measured on the running job, with their predictions (ms)."""
+    measured_ms: Tuple[float, ...] = ()
+    """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
 
     @property
     def gain_over_default(self) -> float:
         return self.default_ms / self.predicted_ms
 
     def __str__(self) -> str:
-        chosen = " ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        chosen = _describe(self.options)
+        trials = ""
+        if self.measured_ms:
+            trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
+                                               in zip(self.shortlist, self.measured_ms))
         return (f"dearcomm auto ({self.reason}): {chosen} -> {self.predicted_ms:.2f} ms per iteration predicted, "
                 f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
                 f"candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
                 f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
                 f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
-                f"{self.network.comm_slowdown:.2f}x slower beside compute)")
+                f"{self.network.comm_slowdown:.2f}x slower beside compute)" + trials)
+
+
+def _describe(options: Dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in options.items() if v is not None)
 
 
 def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
@@ -127,22 +147,29 @@ class AutoPlanner:
         self.plans: List[AutoPlan] = []
         self._plan_due = True
         self._reference_ms: Optional[float] = None  # what measured iterations are compared with
-        self._last_measured_ms: Optional[float] = None
         self._replan_reason = ""
         self._steps = 0
         self._measure_from = WARMUP
         self._last_step_end: Optional[float] = None
         self._iteration_ms: List[float] = []
+        self._switch_to: Optional[Dict[str, Any]] = None  # options to train with from the next forward
+        self._trying = False  # measuring the last plan's shortlist
         self.handle = module.register_forward_pre_hook(_weak_hook(self._before_forward), with_kwargs=True, prepend=True)
 
     # ---- hooks ------------------------------------------------------------------
 
     def _before_forward(self, module: nn.Module, args, kwargs) -> None:
-        if not self._plan_due or self.runtime.planning or not (module.training and torch.is_grad_enabled()):
+        if self.runtime.planning or not (module.training and torch.is_grad_enabled()):
             return
-        self._plan_due = False
-        first = not self.plans
-        reason = "first training forward" if first else self._replan_reason
+        if self._switch_to is not None:
+            self._train_with(self._switch_to)
+            self._switch_to = None
+        if self._plan_due:
+            self._plan_due = False
+            self._plan(module, args, kwargs)
+
+    def _plan(self, module: nn.Module, args, kwargs) -> None:
+        reason = "first training forward" if not self.plans else self._replan_reason
         started = time.perf_counter()
         self.runtime.sync()  # parameters current before they are profiled
         fit = probe_network(self.runtime.group, next(module.parameters()).device)
@@ -151,36 +178,67 @@ class AutoPlanner:
         self.plans.append(plan)
         if self.runtime.rank == 0:
             logger.info("%s", plan)
-        current = {name: getattr(self.runtime.options, name) for name in plan.options}
-        if plan.options != current:
-            self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **plan.options))
-        self._reference_ms = plan.predicted_ms if first or plan.options != current else self._last_measured_ms
-        self._measure_from = self._steps + WARMUP
+        self._train_with(plan.shortlist[0][0])
+        self._trying = len(plan.shortlist) > 1
+        self._reference_ms = plan.predicted_ms
+        self._start_measuring(skip=1 if self._trying else WARMUP)
+
+    def _train_with(self, options: Dict[str, Any]) -> None:
+        current = {name: getattr(self.runtime.options, name) for name in options}
+        if options != current:
+            self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **options))
+
+    def _start_measuring(self, skip: int) -> None:
+        """Iterations are measured from the (skip+1)-th step on: the first
+        after a change of options rebuilds the buckets and moves the state."""
+        self._measure_from = self._steps + skip
         self._iteration_ms.clear()
-        self._last_step_end = None
 
     def step_ended(self) -> None:
-        """After every optimizer.step(): the iteration's time, and at the end
-        of a window the drift check (a broadcast from rank 0, on every rank)."""
+        """After every optimizer.step(): the iteration's time; at the end of a
+        trial the next candidate, at the end of a window the drift check
+        (a broadcast from rank 0, on every rank, at the same step)."""
         now = time.perf_counter()
         self._steps += 1
         if self._last_step_end is not None and self._steps > self._measure_from:
             self._iteration_ms.append((now - self._last_step_end) * 1e3)
         self._last_step_end = now
+        if self._trying:
+            if len(self._iteration_ms) >= TRIAL_STEPS:
+                self._trial_ended(self._agreed_median())
+            return
         if len(self._iteration_ms) < WINDOW or self._reference_ms is None:
             return
-        measured = statistics.median(self._iteration_ms)
+        measured = self._agreed_median()
         self._iteration_ms.clear()
-        decision = [None]
-        if self.runtime.rank == 0:
-            off = abs(measured / self._reference_ms - 1)
-            if off > DRIFT and len(self.plans) <= MAX_REPLANS:
-                decision = [(measured, f"measured {measured:.2f} ms per iteration vs {self._reference_ms:.2f} ms "
-                                       f"expected at step {self._steps}")]
-        dist.broadcast_object_list(decision, src=dist.get_global_rank(self.runtime.group, 0), group=self.runtime.group)
-        if decision[0] is not None:
-            self._last_measured_ms, self._replan_reason = decision[0]
+        if abs(measured / self._reference_ms - 1) > DRIFT and len(self.plans) <= MAX_REPLANS:
+            self._replan_reason = (f"measured {measured:.2f} ms per iteration vs {self._reference_ms:.2f} ms "
+                                   f"expected at step {self._steps}")
             self._plan_due = True
+
+    def _agreed_median(self) -> float:
+        """Rank 0's median of the iterations measured: every rank decides alike."""
+        median = [statistics.median(self._iteration_ms)]
+        dist.broadcast_object_list(median, src=dist.get_global_rank(self.runtime.group, 0), group=self.runtime.group)
+        return median[0]
+
+    def _trial_ended(self, measured: float) -> None:
+        plan = self.plans[-1]
+        plan = self.plans[-1] = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
+        done = len(plan.measured_ms)
+        if done < len(plan.shortlist):
+            self._switch_to = plan.shortlist[done][0]
+            self._start_measuring(skip=1)
+            return
+        best = min(range(done), key=lambda i: plan.measured_ms[i])  # ties: the better predicted
+        options, predicted = plan.shortlist[best]
+        plan = self.plans[-1] = dataclasses.replace(plan, options=options, predicted_ms=predicted)
+        if self.runtime.rank == 0:
+            logger.info("%s", plan)
+        self._switch_to = options
+        self._trying = False
+        self._reference_ms = plan.measured_ms[best]  # the drift check compares with what was measured
+        self._start_measuring(skip=WARMUP)
 
     # ---- measuring and planning ------------------------------------------------------
 
@@ -227,13 +285,28 @@ class AutoPlanner:
                 partition_mb=fixed("partition_mb", autotune.PARTITION_MB),
                 credit_mb=fixed("credit_mb", autotune.CREDIT_MB))
             keys = self.auto + (("update",) if self.update_free else ())
-            chosen = [AutoPlan(options={k: result.options[k] for k in keys},
+            shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in _shortlist(result))
+            chosen = [AutoPlan(options=shortlist[0][0], shortlist=shortlist,
                                predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                                candidates=len(result.candidates), step=self._steps, reason=reason,
                                network=network, profile=profile,
                                planning_s=time.perf_counter() - started)]
         dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
         return chosen[0]
+
+
+def _shortlist(result: autotune.Plan) -> List[autotune.Candidate]:
+    """What to measure: the best predicted candidate of each schedule and
+    update (the simulator's errors differ most between schedules), then the
+    next best overall, MAX_TRIALS at most, best predicted first."""
+    chosen, families = [], set()
+    for candidate in result.candidates:  # fastest predicted first
+        family = (candidate.options["schedule"], candidate.options["update"])
+        if family not in families:
+            families.add(family)
+            chosen.append(candidate)
+    chosen += [c for c in result.candidates if all(c is not d for d in chosen)]
+    return sorted(chosen[:MAX_TRIALS], key=lambda c: c.predicted_ms)
 
 
 def surrogate_loss(output: Any) -> torch.Tensor:

@@ -30,8 +30,10 @@ def make_optimizer(model):
 
 
 def _auto_worker(rank, world_size):
-    _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0  # every window "drifts": one re-plan, after step 3
-    _auto.MAX_REPLANS = 1
+    # Two candidates measured for one step each (steps 2 and 4), the choice from step 5 on; every window
+    # "drifts": one re-plan after step 7, whose two trials end at step 11.
+    _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
+    _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.TRIAL_STEPS = 1, 2, 1
     torch.manual_seed(0)
     model = MixedNet()
     slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
@@ -61,7 +63,8 @@ def _auto_worker(rank, world_size):
     assert report.best_plan_ms == plans[-1].predicted_ms and "schedule=" in report.best_plan, report
     assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
-                plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network) for p in plans],
+                plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms)
+                       for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
 
 
@@ -77,7 +80,11 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     results = run_workers(_auto_worker, world_size, deadline=240)
     plans = [r["plans"] for r in results]
     assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
-    assert [p[1] for p in plans[0]] == [0, 3]
+    assert [p[1] for p in plans[0]] == [0, 7]
+    for options, _, predicted, _, _, shortlist, measured in plans[0]:
+        assert len(shortlist) == 2 and len(measured) == 2, "both candidates measured"
+        best = min(range(2), key=lambda i: measured[i])
+        assert (options, predicted) == shortlist[best], "the faster measured candidate is kept"
     for rank, theirs in enumerate(plans):
         assert theirs == plans[0], f"rank {rank} planned differently from rank 0"
     first = plans[0][0]
