@@ -18,8 +18,6 @@ import json
 import os
 import statistics
 import sys
-import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -29,64 +27,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import init  # noqa: E402
 from models import MODELS  # noqa: E402
 
-from dearcomm import _C  # noqa: E402
-from dearcomm.contention import fit_compute_slowdown  # noqa: E402
+from dearcomm.contention import fit_compute_slowdown, measure_contention  # noqa: E402
 
 
-def compute_iteration(model, x, y) -> float:
-    start = time.perf_counter()
+def compute_iteration(model, x, y) -> None:
     F.cross_entropy(model(x), y).backward()
     model.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
 
 
-def busy_fraction(start: float, end: float, busy) -> float:
-    covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
-    return covered / (end - start)
-
-
-def all_reduces(backend, buffer, count, busy, lock):
-    """`count` back-to-back all-reduces; each one's (start, end) into `busy`."""
-    for _ in range(count):
-        start = time.perf_counter()
-        _C.all_reduce(backend, buffer).wait()  # the wait releases the GIL
-        with lock:
-            busy.append((start, time.perf_counter()))
-
-
-def measure(model, x, y, backend, mib: float, iters: int) -> dict:
-    """Compute iterations alone, then beside back-to-back all-reduces of
-    `mib` MiB on `backend` (every rank of its group calls this together)."""
-    world = dist.get_world_size()
-    buffer = torch.zeros(int(mib * 2**20) // 4 // world * world)
-    for _ in range(2):
-        compute_iteration(model, x, y)
-    alone = [compute_iteration(model, x, y) for _ in range(iters)]
-    comm_alone = []
-    for _ in range(3):
-        start = time.perf_counter()
-        _C.all_reduce(backend, buffer).wait()
-        comm_alone.append(time.perf_counter() - start)
-    # Enough all-reduces to outlast the compute iterations on the slowest
-    # rank; every rank runs the same count (same collectives, same order).
-    needed = torch.tensor([iters * statistics.median(alone) / statistics.median(comm_alone) + 2])
-    dist.all_reduce(needed, op=dist.ReduceOp.MAX)
-    count = int(needed.item()) + 1
-    busy, lock = [], threading.Lock()
-    thread = threading.Thread(target=all_reduces, args=(backend, buffer, count, busy, lock))
-    dist.barrier()
-    thread.start()
-    spans = []
-    while thread.is_alive():
-        start = time.perf_counter()
-        compute_iteration(model, x, y)
-        spans.append((start, time.perf_counter()))
-    thread.join()
-    beside = [(end - start, busy_fraction(start, end, busy)) for start, end in spans]
-    comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
-    fit = fit_compute_slowdown(alone_s=alone, beside=beside)
-    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
-                compute_slowdown=fit.slowdown)
+def measure(model, x, y, mib: float, iters: int) -> dict:
+    """dearcomm.contention.measure_contention on the model's forward+backward
+    (every rank of the default group calls this together)."""
+    return measure_contention(lambda: compute_iteration(model, x, y), nbytes=int(mib * 2**20), iters=iters)
 
 
 def main():
@@ -102,9 +54,8 @@ def main():
     torch.manual_seed(0)
     model = MODELS[args.model]()
     x, y = model.batch(args.batch, torch.Generator().manual_seed(rank))
-    backend = _C.process_group_backend(dist.group.WORLD)
     result = dict(model=args.model, batch=args.batch, mib=args.mib, world_size=world, rank=rank,
-                  **measure(model, x, y, backend, args.mib, args.iters))
+                  **measure(model, x, y, args.mib, args.iters))
     everyone = [None] * world
     dist.all_gather_object(everyone, result)
     if rank == 0:

@@ -4,6 +4,13 @@ prediction: dearcomm.profile() of the model, collectives measured alone,
 compute slowed by the factor measured beside an all-reduce).
 
     python benchmarks/prediction_summary.py results/validation/*.json
+    python benchmarks/prediction_summary.py --resimulate docs/results/schedules/every-row-predicted/*.json
+
+--resimulate predicts every run again with this checkout's simulator from the
+measurements the file holds (rank 0's profile, each layout's collectives
+alone, both contention factors: compute beside collectives and collectives
+beside compute), instead of reading the prediction the run made: a change of
+the model is then checked against measurements already taken.
 
 Per row: the prediction error of every dearcomm run (median of |error| and
 the worst); the run the simulator ranks fastest among the runs measured
@@ -13,7 +20,10 @@ measured time against the measured best and against DDP; the default
 """
 import argparse
 import json
+import os
 import statistics
+import sys
+import types
 from pathlib import Path
 
 CONTROLS = ("ddp", "fsdp2")  # not dearcomm runs: not candidates
@@ -23,10 +33,36 @@ def is_candidate(name: str) -> bool:
     return name.split("/")[0] not in CONTROLS and "@" not in name and not name.endswith("/sync")
 
 
-def summarise(path: Path):
+def resimulate(data) -> None:
+    """Replaces every run's predicted_ms by this checkout's simulation of it
+    (see the module's docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_bench import simulated
+
+    import dearcomm
+    from dearcomm.contention import fit_comm_slowdown
+
+    profile = dearcomm.TrainingProfile.from_dict(data["profile"])
+    contention = data["contention"]
+    comm_slowdown = fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
+    args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
+    layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
+    for name, run in data["runs"].items():
+        if "skipped" in run or name not in layouts:
+            continue
+        comm = {k: (v / 1e3 if k in ("rs", "ag", "ar") else v) for k, v in layouts[name].items()}
+        seconds = simulated(name, args, profile, profile.step_ms, comm, data["world_size"],
+                            contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown)
+        run["predicted_ms"] = seconds * 1e3
+    contention["comm_slowdown"] = comm_slowdown
+
+
+def summarise(path: Path, again: bool = False):
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "runs" not in data:
         return None  # not a train_bench.py file (a timeline)
+    if again:
+        resimulate(data)
     runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
     candidates = {n: r for n, r in runs.items() if is_candidate(n) and r.get("predicted_ms")}
     if not candidates:
@@ -39,6 +75,7 @@ def summarise(path: Path):
     default = candidates.get("dear-sharded", {}).get("median_ms")
     return dict(row=path.stem, network=data.get("network"), world=data["world_size"],
                 slowdown=data.get("contention", {}).get("compute_slowdown"),
+                comm_slowdown=data.get("contention", {}).get("comm_slowdown"),
                 median_abs_error=statistics.median(abs(e) for e in errors.values()), worst=worst,
                 worst_error=errors[worst], within_10=sum(abs(e) <= 0.10 for e in errors.values()), runs=len(errors),
                 pick=pick, pick_vs_best=candidates[pick]["median_ms"] / candidates[best]["median_ms"], best=best,
@@ -50,14 +87,16 @@ def summarise(path: Path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--resimulate", action="store_true", help="predict again with this checkout's simulator")
     args = parser.parse_args()
-    rows = [r for r in map(summarise, args.files) if r]
+    rows = [r for r in (summarise(f, args.resimulate) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
-    print("| row | κ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
+    print("| row | κ | λ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['row']} | {r['slowdown']:.2f} | {r['within_10']} of {r['runs']} | {r['median_abs_error']:.1%} | "
+        lam = f"{r['comm_slowdown']:.2f}" if r["comm_slowdown"] else "-"
+        print(f"| {r['row']} | {r['slowdown']:.2f} | {lam} | {r['within_10']} of {r['runs']} | {r['median_abs_error']:.1%} | "
               f"{r['worst']} {r['worst_error']:+.1%} | {r['pick']} | {r['pick_vs_best']:.3f} | "
               f"{fmt(r['pick_speedup'])} | {r['best']} ({fmt(r['best_speedup'])}) | {fmt(r['default_speedup'])} |")
     if rows:

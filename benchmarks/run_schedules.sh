@@ -39,7 +39,7 @@ net 2 mlp-1gbit-2 --model mlp --batch 256 $all --timeline "$out/timeline-mlp-1gb
 net 2 widein-1gbit-2 --model widein --batch 128 $all --timeline "$out/timeline-widein-1gbit-2"
 # 4 ranks x 11 models of 64 MiB (with AdamW state) do not fit in 24 GiB: two runs, ddp in each.
 net 4 mlp-1gbit-4a --model mlp --batch 128 --runs ddp wfbp wfbp/p4 dear-sharded dear-sharded/p4 dear-replicated dear-replicated/p4
-net 4 mlp-1gbit-4b --model mlp --batch 128 --runs ddp bytescheduler bytescheduler/p4/c1 bytescheduler/p4/c4 bytescheduler/p4/c64
+net 4 mlp-1gbit-4b --model mlp --batch 128 --runs ddp bytescheduler bytescheduler/p4/c1 bytescheduler/p4/c4 bytescheduler/p4/c64 auto dear-bo
 net 4 widein-1gbit-4 --model widein --batch 128 $all
 # gpt: C/T_bwd ~1 at 2 ranks; its largest tensor (the tied 8 MiB embedding) splits at 4 MiB.
 net 2 gpt-1gbit-2 --model gpt --batch 8 --partition-mb 4 --timeline "$out/timeline-gpt-1gbit-2"

@@ -36,8 +36,9 @@ module's parameters (benchmarks/README.md derives what bytescheduler's ideal the
 simulated device gives it, and any schedule's, without a formula per schedule).
   predicted                    the same simulation fed what a user's prediction is fed: this rank's
                                dearcomm.profile() (per-module forward and backward, gradient-ready
-                               order, the step) and compute slowed by the factor measured beside an
-                               all-reduce (benchmarks/contention.py); the slowest rank's; error =
+                               order, the step), compute slowed by the factor measured beside an
+                               all-reduce and the collectives by the factor measured beside compute
+                               (benchmarks/contention.py); the slowest rank's; error =
                                predicted / measured - 1
 efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
 median / the run's (> 1: faster than DDP).
@@ -53,6 +54,7 @@ a run that trains like DDP; at more ranks float32 summation order may differ.
 """
 import argparse
 import contextlib
+import dataclasses
 import os
 import resource
 import statistics
@@ -68,6 +70,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_json  # noqa: E402
 from contention import measure as measure_contention  # noqa: E402
+from bo_tuner import TRIALS, live_measure, tune_bucket_mb  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import dearcomm  # noqa: E402
@@ -87,7 +90,15 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              # same collectives as dear-sharded (all-gather before each unit's
              # forward, reduce-scatter in backward, the step on a shard), issued
              # by torch. Named only on request (not in --schedules' default).
-             "fsdp2": ("fsdp2", None)}
+             "fsdp2": ("fsdp2", None),
+             # wrap()'s "auto": schedule, bucket_mb, partition_mb and credit_mb
+             # chosen at the first forward (probe, profile, simulation); its
+             # choice is printed. Takes no modifiers.
+             "auto": ("auto", None),
+             # DeAR's own tuner as a baseline for auto: dear sharded, its bucket
+             # size found by Bayesian optimisation on the running job before it
+             # is timed (benchmarks/bo_tuner.py). Takes no modifiers.
+             "dear-bo": ("dear", "sharded")}
 NOT_BY_DEFAULT = ("ddp+gather", "fsdp2")
 
 # FSDP2's units: each gets its own fully_shard (one all-gather and one
@@ -114,8 +125,8 @@ def parse_run(spec):
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
-    if schedule == "fsdp2" and mods:
-        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: fsdp2 takes none")
+    if (schedule in ("fsdp2", "auto") or base == "dear-bo") and mods:
+        raise SystemExit(f"unknown modifiers {mods} in {spec!r}: {base} takes none")
     if syncs_after_step(spec):
         mods.pop()
         if schedule not in ("dear", "bytescheduler"):
@@ -168,7 +179,7 @@ def run_names(args):
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] in ("ddp", "fsdp2"):
+        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto") or base == "dear-bo":
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
@@ -326,17 +337,21 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0):
+def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0):
     """The run's iteration in seconds on the simulated device: its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
     as wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the
     same collectives at the same points, overlapped: what FSDP2 reaches where
     its collectives run beside compute, which they do not on CPU), with
-    buckets of --bucket-mb standing in for its units."""
+    buckets of --bucket-mb standing in for its units. auto and dear-bo: with
+    the options they chose (``chosen``)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
-    if schedule == "ddp":
+    if chosen is not None:
+        schedule, update, bucket_mb, partition, credit = (chosen[k] for k in (
+            "schedule", "update", "bucket_mb", "partition_mb", "credit_mb"))
+    elif schedule == "ddp":
         schedule, update, bucket_mb, partition = "wfbp", "replicated", partition or args.bucket_mb, None
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
@@ -345,7 +360,8 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0):
         _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
         seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
-    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown)
+    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
+                               comm_slowdown=comm_slowdown)
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
                                    step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit)
     return prediction.iteration_ms / 1e3
@@ -390,6 +406,9 @@ def build(name, args):
     if schedule == "fsdp2":
         return build_fsdp2(args, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if schedule == "auto":
+        return dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
+                             credit_mb="auto")
     if schedule == "ddp":
         ddp = DistributedDataParallel(model, bucket_cap_mb=partition or args.bucket_mb)
         if update == "gather":
@@ -427,6 +446,17 @@ def gather_beside_forward(ddp, layout):
 
     ddp.module.register_forward_pre_hook(start)
     ddp.module.register_forward_hook(finish)
+
+
+def bo_tune(model, optimizer, x, y, iters, trials=TRIALS):
+    """dear-bo: DeAR's tuner picks the bucket size on this run (bo_tuner.py);
+    the run then trains with it, its buckets rebuilt, nothing in flight."""
+    tuned = tune_bucket_mb(live_measure(model, lambda: iteration(model, optimizer, x, y), iters), trials=trials)
+    runtime = model._dear
+    runtime.reconfigure(dataclasses.replace(runtime.options, bucket_mb=tuned.bucket_mb))
+    iteration(model, optimizer, x, y)
+    settle(model)
+    return tuned
 
 
 def settle(model):
@@ -586,11 +616,13 @@ def main():
     profile = dearcomm.profile(profiled, (x, y), torch.optim.AdamW(profiled.parameters(), lr=1e-4),
                                loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]), iterations=args.iters)
     contention_mib = min(64.0, n_params * 4 / 2**20)
-    contention = measure_contention(make(args), x, y, _C.process_group_backend(dist.group.WORLD), contention_mib,
+    contention = measure_contention(make(args), x, y, contention_mib,
                                     args.iters)
-    slowdown = contention["compute_slowdown"]
+    slowdown, comm_slowdown = contention["compute_slowdown"], contention["comm_slowdown"]
     runs = {name: build(name, args) for name in names}
     loss_diff = loss_differences(warm_up(runs, x, y))
+    tuned = {name: bo_tune(model, optimizer, x, y, args.iters) for name, (model, optimizer) in runs.items()
+             if name.split("/")[0] == "dear-bo"}
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
     for name, (model, _) in runs.items():
@@ -599,6 +631,7 @@ def main():
         layouts.setdefault(layout_key(layout), layout)
         comm_of[name] = layout_key(layout)
     comm = {key: measure_collectives(args, layout, probe) for key, layout in layouts.items()}
+    plans = {name: model.auto_plan() for name, (model, _) in runs.items() if parse_run(name)[0] == "auto"}
     base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
         comm[comm_of[names[0]]]
     label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
@@ -625,8 +658,14 @@ def main():
     rows = {}
     for name, t in times.items():
         c = comm[comm_of[name]]
-        ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world)
-        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown))
+        chosen = plans[name].options if name in plans else None
+        if name in tuned:
+            chosen = dict(schedule="dear", update="sharded", bucket_mb=tuned[name].bucket_mb, partition_mb=None,
+                          credit_mb=None)
+        ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
+                          chosen=chosen)
+        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
+                                      comm_slowdown=comm_slowdown))
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
@@ -637,6 +676,12 @@ def main():
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
                           loss_diff_vs_ddp=loss_diff.get(name))
+        if name in tuned:
+            rows[name].update(bo_bucket_mb=tuned[name].bucket_mb, bo_trials=tuned[name].trials,
+                              bo_tuning_s=tuned[name].seconds)
+        if name in plans:
+            rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
+                              auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s)
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
@@ -649,7 +694,8 @@ def main():
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
         print(f"prediction: rank 0's profile of {len(profile.modules)} modules (fwd {profile.forward_ms:.1f}, "
               f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
-              f"an all-reduce of {contention_mib:.1f} MiB (rank 0)")
+              f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
+              "(rank 0)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
@@ -660,6 +706,11 @@ def main():
             if isinstance(model, DistributedDataParallel) and parse_run(name)[2]:
                 buckets = len(model.reducer._get_zeros_like_grad_buckets())  # as rebuilt after the warm-up
                 print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
+        for name, plan in plans.items():
+            print(f"  {name}: {plan}")
+        for name, t in tuned.items():
+            print(f"  {name}: bucket_mb={t.bucket_mb:.2f} after {len(t.trials)} trials in {t.seconds:.1f} s: "
+                  + ", ".join(f"{mb:.1f} MiB {1e3 * sec:.0f} ms" for mb, sec in t.trials))
         if len(loss_diff) > 1:
             print("losses vs ddp, max |diff| over the 2 warm-up steps and the ranks: "
                   + "  ".join(f"{n} {d:.1e}" for n, d in loss_diff.items() if n != "ddp"))

@@ -68,9 +68,18 @@ class DearModule:
     def overlap_report(self) -> OverlapReport:
         """How much of this rank's communication ran beside compute, measured
         over 10 iterations after the first 3 (dearcomm/overlap.py): iteration,
-        compute, communication and exposed communication times (medians) and
-        the perfect-overlap bound. Raises until those iterations have run."""
+        compute, communication and exposed communication times (medians), the
+        perfect-overlap bound and, with wrap()'s "auto" options, the plan they
+        chose and its predicted time. Raises until those iterations have run."""
         return self._dear.overlap.get()
+
+    def auto_plan(self):
+        """What wrap()'s "auto" options chose (a dearcomm AutoPlan: options,
+        predicted and default time, the profile and network it used), the
+        latest if it re-planned; None before the first training forward or
+        without "auto"."""
+        auto = self._dear.auto
+        return auto.plans[-1] if auto is not None and auto.plans else None
 
     def register_update_hook(self, hook):
         """Calls ``hook([(name, parameter), ...])`` for each bucket once its
@@ -188,7 +197,7 @@ def _before_load(module, *args, **kwargs) -> None:
 
 def _after_load(module, incompatible_keys) -> None:
     runtime = module._dear
-    if runtime.engine is not None:
+    if runtime.engine is not None and not runtime.planning:  # "auto" restores the values it profiled from
         runtime.update.after_module_load(runtime.engine)
 
 

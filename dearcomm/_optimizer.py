@@ -51,6 +51,7 @@ class DistributedOptimizer(Optimizer):
         self._runtime = runtime
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
         runtime.on_engine_built.append(self._update.on_engine_built)
+        runtime.on_reconfigure.append(self._follow_update_strategy)
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
@@ -79,6 +80,23 @@ class DistributedOptimizer(Optimizer):
                 f"{[n for _, n in groups]}); dearcomm plans its updates from the groups it was given. Change "
                 "hyper-parameters only ('lr', 'weight_decay', ...), and give the optimizer its final groups "
                 "before wrap()")
+
+    def _follow_update_strategy(self):
+        """wrap()'s "auto" changes the options: the state moves to the new
+        update strategy (or the new layout of the same one) in torch's full
+        format, taken while the old engine exists (a collective for
+        "sharded"; every rank re-plans together)."""
+        old, runtime = self._update, self._runtime
+        state = old.state_dict()
+
+        def move_state() -> None:
+            runtime.on_engine_built.remove(old.on_engine_built)
+            self._update = runtime.update(self.optimizer, runtime)
+            runtime.on_engine_built.append(self._update.on_engine_built)
+            self.optimizer.state.clear()  # loading puts the state where the new strategy keeps it
+            if state["state"]:
+                self._update.load_state_dict(state)
+        return move_state
 
     # ---- step -----------------------------------------------------------------
 
@@ -109,6 +127,7 @@ class DistributedOptimizer(Optimizer):
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
+        self.optimizer._opt_called = True  # what an LR scheduler over your optimizer checks (it may not step itself)
         engine.end_step()
         self._runtime.after_step()
         return None

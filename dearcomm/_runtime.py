@@ -115,6 +115,11 @@ class DearRuntime:
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
         self.index: Dict[nn.Parameter, int] = {}
         self.on_engine_built: List[Callable[[_C.Engine], None]] = []
+        # The optimizer's part of reconfigure(): called while the old engine
+        # exists (its state in full form); what it returns, once the new options are in.
+        self.on_reconfigure: List[Callable[[], Callable[[], None]]] = []
+        self.planning = False  # wrap()'s "auto" profiles the model: the hooks stand aside
+        self.auto = None  # an AutoPlanner where some option of wrap() is "auto"
         self._ran: List[nn.Module] = []      # first forward: modules in the order they ran
         self._ran_set = set()
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}
@@ -140,6 +145,7 @@ class DearRuntime:
         for param in self.names:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._buffers = [b for b in module.buffers()]
+        self._buffers_due = True  # the next training forward broadcasts them
         if options.broadcast_buffers and self._buffers:
             self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
 
@@ -147,7 +153,7 @@ class DearRuntime:
 
     def _on_forward(self, module: nn.Module, args) -> None:
         engine = self.engine
-        if module not in self._forward_handles:
+        if self.planning or module not in self._forward_handles:
             return  # a copy of a submodule (copy.deepcopy(model.block)) keeps the hook, not its role
         if engine is None:
             if module not in self._ran_set:
@@ -167,11 +173,19 @@ class DearRuntime:
 
     def _broadcast_buffers(self, module: nn.Module, args) -> None:
         # As DDP (broadcast_buffers=True): a training forward starts from rank
-        # 0's buffers (BatchNorm's running statistics), so every rank keeps the same.
-        if module.training and torch.is_grad_enabled() and self.sync_gradients:
+        # 0's buffers (BatchNorm's running statistics), so every rank keeps the
+        # same; and, as DDP, only the first training forward and those after a
+        # synchronising one do (with no_sync() accumulation: the first
+        # micro-batch of each step, not the last).
+        if not (module.training and torch.is_grad_enabled()) or self.planning:
+            return
+        if self._buffers_due:
             dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
+        self._buffers_due = self.sync_gradients
 
     def _on_grad(self, param: nn.Parameter) -> None:
+        if self.planning:
+            return  # "auto" profiling one rank's compute
         if not self.sync_gradients:
             return  # accumulating: .grad sums micro-batches, the last backward communicates
         if self.engine is None:
@@ -253,8 +267,11 @@ class DearRuntime:
 
     def after_step(self) -> None:
         """Called by the optimizer at the end of step(): which buckets' update
-        hooks are due once their parameters are current."""
+        hooks are due once their parameters are current; "auto" checks its
+        prediction against the measured iterations."""
         self.overlap.step_ended()
+        if self.auto is not None:
+            self.auto.step_ended()
         if not self._update_hooks:
             return
         self._unreported = list(range(len(self.engine.layout.buckets)))
@@ -276,6 +293,24 @@ class DearRuntime:
                     hook([(self.names[p], p) for p in params])
 
     # ---- engine ------------------------------------------------------------
+
+    def reconfigure(self, options: WrapOptions) -> None:
+        """Trains with ``options`` from the next backward on ("auto" chose
+        them): the engine, if built, is dropped after its pending work and
+        laid out again at the next backward; the optimizer moves its state
+        to the new update strategy (on_reconfigure)."""
+        self.sync()
+        finish = [callback() for callback in self.on_reconfigure]
+        if self.engine is not None:
+            self._drain.detach()
+            for param in self.params:
+                param.grad = None  # views into the old buckets; the next backward writes new ones
+            self.engine = None
+            self._module_buckets.clear()
+        self.options = options
+        self.update = strategy_class(options.update_strategy)
+        for done in finish:
+            done()
 
     def _check_blocks(self) -> None:
         """WrapOptions.blocks against the parameters they name (at wrap time:
@@ -435,7 +470,7 @@ class DearRuntime:
 
     def hook_handles(self) -> list:
         """Every hook this runtime installed (on modules and parameters)."""
-        return list(self._forward_handles.values()) + self._handles
+        return list(self._forward_handles.values()) + self._handles + ([self.auto.handle] if self.auto else [])
 
     def close(self) -> None:
         """Finishes pending work and removes every hook; the engine and its

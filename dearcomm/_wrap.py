@@ -1,8 +1,9 @@
 """dearcomm.wrap(): validation, initial broadcast, and installation."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -10,6 +11,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from . import _exit
+from ._auto import AUTO_OPTIONS, AutoPlanner, split_auto
 from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
@@ -20,10 +22,10 @@ def wrap(
     module: nn.Module,
     optimizer: Optimizer,
     *,
-    bucket_mb: float = 25.0,
-    partition_mb: Optional[float] = None,
+    bucket_mb: Union[float, str] = 25.0,
+    partition_mb: Union[float, str, None] = None,
     blocks: Optional[Mapping[str, Sequence[int]]] = None,
-    credit_mb: Optional[float] = None,
+    credit_mb: Union[float, str, None] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
     process_group: Optional[dist.ProcessGroup] = None,
@@ -94,6 +96,14 @@ def wrap(
             where one large layer dominates (docs/benchmarks.md); the
             defaults leave the queue empty.
         schedule: "dear" (default), "wfbp" or "bytescheduler".
+
+        "auto" (schedule, bucket_mb, partition_mb, credit_mb): chosen for this
+            job by simulation at the first training forward: every rank times
+            the collectives and profiles a few iterations of its compute on
+            that batch (its state restored), rank 0 simulates every schedule
+            and size left open and all ranks take its choice, logged at INFO
+            on rank 0 and in ``model.auto_plan()``. Re-planned when measured
+            iterations drift more than 25% from the prediction.
         update: "sharded" (default for dear) or "replicated" (default for wfbp).
         process_group: default: the default group.
         timeout: limit for one collective; default: the process group's timeout.
@@ -112,8 +122,9 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    options = WrapOptions(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb,
-                          schedule=schedule, update=update, process_group=process_group,
+    start, auto = split_auto(dict(bucket_mb=bucket_mb, partition_mb=partition_mb, credit_mb=credit_mb,
+                                  schedule=schedule), blocks)
+    options = WrapOptions(**start, blocks=blocks, update=update, process_group=process_group,
                           timeout=timeout, find_unused_parameters=find_unused_parameters,
                           max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,
                           broadcast_buffers=broadcast_buffers)
@@ -134,8 +145,19 @@ def wrap(
     _check_same_model_on_every_rank(module, options)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
+    if auto:
+        runtime.auto = AutoPlanner(runtime, module, optimizer, auto, update_given=update is not None)
     _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
+
+
+def check_options(**options) -> None:
+    """wrap()'s keyword options checked without a model or a process group
+    ("auto" included): the integrations refuse a bad one before they start."""
+    defaults = {f.name: f.default for f in dataclasses.fields(WrapOptions) if f.name in AUTO_OPTIONS}
+    start, _ = split_auto({name: options.pop(name, default) for name, default in defaults.items()},
+                          options.get("blocks"))
+    WrapOptions(**start, **options)
 
 
 def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:

@@ -65,19 +65,21 @@ class Plan:
                 f"{len(self.candidates)} candidates simulated")
 
 
-def _grid(schedules: Optional[Sequence[str]], bucket_mb: Sequence[float], partition_mb: Sequence[Optional[float]],
-          credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
+def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
+          partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
     names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry if n != "dear"]
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")
+    if updates is not None and not any(u in registry[n]["updates"] for n in names for u in updates):
+        raise ValueError(f"dearcomm: no schedule among {names} has an update in {list(updates)}")
     grid = []
     for name in names:
         entry = registry[name]
-        updates = [entry["default_update"]] + [u for u in entry["updates"] if u != entry["default_update"]]
+        ordered = [entry["default_update"]] + [u for u in entry["updates"] if u != entry["default_update"]]
         credits = credit_mb if entry["default_credit_bytes"] > 0 else (None,)
-        for update in updates:
+        for update in (u for u in ordered if updates is None or u in updates):
             for bucket in bucket_mb:
                 for partition in partition_mb:
                     for credit in credits:
@@ -87,19 +89,20 @@ def _grid(schedules: Optional[Sequence[str]], bucket_mb: Sequence[float], partit
 
 
 def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequence[str]] = None,
-         bucket_mb: Sequence[float] = BUCKET_MB, partition_mb: Sequence[Optional[float]] = PARTITION_MB,
+         updates: Optional[Sequence[str]] = None, bucket_mb: Sequence[float] = BUCKET_MB, partition_mb: Sequence[Optional[float]] = PARTITION_MB,
          credit_mb: Sequence[Optional[float]] = CREDIT_MB, step_ms: Optional[float] = None,
          iterations: int = 3) -> Plan:
     """Simulates every candidate (see the module's docstring) and returns the
     fastest with its prediction and the default's. ``profile``,
     ``network``, ``step_ms`` and ``iterations`` as in dearcomm.simulate;
-    ``schedules`` restricts the search (default: every registered one)."""
+    ``schedules`` and ``updates`` restrict the search (default: every
+    registered schedule with each of its updates)."""
     for name, values in (("bucket_mb", bucket_mb), ("partition_mb", partition_mb), ("credit_mb", credit_mb)):
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
     run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
     seen: Dict[Tuple, Candidate] = {}
-    for options in _grid(schedules, bucket_mb, partition_mb, credit_mb):
+    for options in _grid(schedules, updates, bucket_mb, partition_mb, credit_mb):
         key = tuple(options[k] for k in _OPTION_ORDER)
         if key not in seen:
             seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)

@@ -15,16 +15,28 @@ that took `wall` then spent wall·(1-c) alone and did the rest of its work at
 fit_compute_slowdown() solves that per iteration (w: the median alone) and
 takes the median over iterations the channel covered for at least half.
 
+The other direction (Network.comm_slowdown, λ): the same benchmark times the
+collective alone and back to back beside the compute loop, which covers it
+whole; fit_comm_slowdown() takes the ratio of the medians (at least 1).
+
     fit = dearcomm.fit_compute_slowdown("results/contention.json")
     network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)
+
+measure_contention() takes those measurements on a process group (the
+benchmark and wrap()'s "auto" call it).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import statistics
+import threading
+import time
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
 
 from .prediction import _check_number
 
@@ -93,3 +105,73 @@ def fit_compute_slowdown(measurements: Union[str, Path, dict, None] = None, *,
                          "of its time; run longer collectives (benchmarks/contention.py --mib)")
     return SlowdownFit(slowdown=statistics.median(estimates), alone_ms=w * 1e3, used=len(estimates),
                        spread=(min(estimates), max(estimates)))
+
+
+def fit_comm_slowdown(alone_s: Sequence[float], beside_s: Sequence[float]) -> float:
+    """λ >= 1: how many times longer a collective takes while compute runs
+    beside it, from its times alone and beside compute (seconds; the
+    ``comm_alone_s`` and ``comm_beside_s`` lists of benchmarks/contention.py)."""
+    if not alone_s or not beside_s:
+        raise ValueError("dearcomm: fit_comm_slowdown needs collective times alone and beside compute")
+    alone = statistics.median(_positive(t, "a collective's time alone") for t in alone_s)
+    beside = statistics.median(_positive(t, "a collective's time beside compute") for t in beside_s)
+    return max(1.0, beside / alone)
+
+
+# ---- measuring ------------------------------------------------------------------
+
+def _busy_fraction(start: float, end: float, busy) -> float:
+    covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+    return covered / (end - start)
+
+
+def _timed(compute: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    compute()
+    return time.perf_counter() - start
+
+
+def measure_contention(compute: Callable[[], None], group: Optional[dist.ProcessGroup] = None, *,
+                       nbytes: int = 64 * 2**20, iters: int = 3) -> dict:
+    """Times ``compute()`` (one forward+backward, no communication) alone,
+    then beside back-to-back all-reduces of ``nbytes`` on dearcomm's backend
+    of ``group`` run by a second thread, and the all-reduce alone and beside.
+    Every rank of the group calls it together. Returns the timings (seconds)
+    and both factors fitted (compute_slowdown κ, comm_slowdown λ)."""
+    from . import _C
+
+    group = group or dist.group.WORLD
+    world = dist.get_world_size(group)
+    backend = _C.process_group_backend(group)
+    buffer = torch.zeros(max(world, nbytes // 4 // world * world))
+    for _ in range(2):
+        compute()
+    alone = [_timed(compute) for _ in range(iters)]
+    comm_alone = [_timed(lambda: _C.all_reduce(backend, buffer).wait()) for _ in range(3)]
+    # Enough all-reduces to outlast the compute iterations on the slowest
+    # rank; every rank runs the same count (same collectives, same order).
+    needed = torch.tensor([iters * statistics.median(alone) / statistics.median(comm_alone) + 2])
+    dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=group)
+    busy, lock = [], threading.Lock()
+
+    def all_reduces() -> None:
+        for _ in range(int(needed.item()) + 1):
+            start = time.perf_counter()
+            _C.all_reduce(backend, buffer).wait()  # the wait releases the GIL
+            with lock:
+                busy.append((start, time.perf_counter()))
+
+    thread = threading.Thread(target=all_reduces)
+    dist.barrier(group=group)
+    thread.start()
+    spans = []
+    while thread.is_alive():
+        start = time.perf_counter()
+        compute()
+        spans.append((start, time.perf_counter()))
+    thread.join()
+    beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
+    comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
+    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
+                compute_slowdown=fit_compute_slowdown(alone_s=alone, beside=beside).slowdown,
+                comm_slowdown=fit_comm_slowdown(comm_alone, comm_beside))

@@ -43,6 +43,10 @@ class OverlapReport:
     schedule: str
     per_iteration: Tuple[Tuple[float, float, float], ...] = ()
     """(iteration, communication, exposed) ms of each measured iteration."""
+    best_plan: str = ""
+    """wrap()'s "auto": the plan it chose (the simulator's best); "" without "auto"."""
+    best_plan_ms: Optional[float] = None
+    """... and its predicted iteration time."""
 
     @property
     def hidden(self) -> float:
@@ -55,11 +59,15 @@ class OverlapReport:
         return max(self.compute_ms, self.communication_ms)
 
     def __str__(self) -> str:
+        if self.bound_ms <= 0:
+            return f"dearcomm overlap ({self.schedule}): nothing measured"
+        best = (f"; the predicted best plan ({self.best_plan}) {self.best_plan_ms:.2f} ms" if self.best_plan
+                else "; dearcomm.plan() or wrap()'s \"auto\" options predict the best plan")
         return (f"dearcomm overlap ({self.schedule}, median of {self.iterations} iterations): iteration "
                 f"{self.iteration_ms:.2f} ms = compute {self.compute_ms:.2f} ms + exposed communication "
                 f"{self.exposed_ms:.2f} ms; communication {self.communication_ms:.2f} ms, {self.hidden:.0%} hidden; "
                 f"perfect overlap would take {self.bound_ms:.2f} ms ({self.iteration_ms / self.bound_ms:.2f}x that)"
-                if self.bound_ms > 0 else f"dearcomm overlap ({self.schedule}): nothing measured")
+                + best)
 
 
 def _union_ns(intervals: List[Tuple[int, int]]) -> int:
@@ -132,6 +140,10 @@ class OverlapMonitor:
             engine.set_tracing(False)
             options = runtime.options
             self.report = overlap_of(self._events, self._boundaries, f"{options.schedule}/{options.update}")
+            plans = runtime.auto.plans if runtime.auto is not None else []
+            if plans:
+                chosen = " ".join(f"{k}={v}" for k, v in plans[-1].options.items() if v is not None)
+                self.report = dataclasses.replace(self.report, best_plan=chosen, best_plan_ms=plans[-1].predicted_ms)
             self._events = []
             if self._log and runtime.rank == 0:
                 logger.info("%s", self.report)

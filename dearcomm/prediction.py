@@ -46,11 +46,15 @@ class Network:
     "all_gather" or "all_reduce" as {kind: (alpha_us, gbit_s)}.
     ``compute_slowdown``: how many times longer compute takes while a
     collective runs beside it, where both share the cores (gloo on a CPU:
-    measure it with benchmarks/contention.py); 1 where they do not."""
+    measure it with benchmarks/contention.py); 1 where they do not.
+    ``comm_slowdown``: how many times longer a collective takes while compute
+    runs beside it (the other direction of the same sharing; the same
+    benchmark measures it)."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
     compute_slowdown: float = 1.0
+    comm_slowdown: float = 1.0
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)}"""
@@ -169,12 +173,13 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
     layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes)
     costs = network.costs()
-    slowdown = network.compute_slowdown
-    if not isinstance(slowdown, (int, float)) or isinstance(slowdown, bool) or not math.isfinite(slowdown) \
-            or slowdown < 1:
-        raise ValueError(f"dearcomm: Network.compute_slowdown must be a finite factor >= 1, got {slowdown!r}")
+    for name in ("compute_slowdown", "comm_slowdown"):
+        factor = getattr(network, name)
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
+                or factor < 1:
+            raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.choice, costs, iterations,
-                      float(slowdown))
+                      float(network.compute_slowdown), float(network.comm_slowdown))
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

@@ -124,6 +124,17 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
     for name, value in (("iterations", iterations), ("warmup", warmup)):
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "iterations" else 0):
             raise ValueError(f"dearcomm: {name} must be an int >= {1 if name == 'iterations' else 0}, got {value!r}")
+    return profile_calls(model, lambda: _loss(model, batch, loss_fn), optimizer, iterations=iterations,
+                         warmup=warmup)
+
+
+def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
+                  optimizer: Optional[torch.optim.Optimizer] = None, *, iterations: int = 5,
+                  warmup: int = 2) -> TrainingProfile:
+    """profile() for a caller that runs the forward itself: ``compute_loss()``
+    runs one forward of ``model`` and returns a scalar loss. The model's and
+    the optimizer's state are restored afterwards (wrap()'s "auto" profiles
+    the user's first batch this way)."""
     params = {p: n for n, p in model.named_parameters() if p.requires_grad}
     if not params:
         raise ValueError("dearcomm: the model has no parameter that requires grad; there is nothing to profile")
@@ -134,7 +145,7 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
     try:
         probe = _Probe(model, params)
         try:
-            samples = [probe.iteration(batch, optimizer, loss_fn) for _ in range(warmup + iterations)][warmup:]
+            samples = [probe.iteration(compute_loss, optimizer) for _ in range(warmup + iterations)][warmup:]
         finally:
             probe.remove()
     finally:
@@ -176,7 +187,7 @@ class _Probe:
     def _on_grad(self, param: nn.Parameter) -> None:
         self.ready[param] = self.now()
 
-    def iteration(self, batch, optimizer, loss_fn) -> Dict[str, Any]:
+    def iteration(self, compute_loss: Callable[[], torch.Tensor], optimizer) -> Dict[str, Any]:
         self.calls: Dict[nn.Module, float] = {}
         self.ready: Dict[nn.Parameter, float] = {}
         if optimizer is not None:
@@ -184,7 +195,7 @@ class _Probe:
         else:
             self.model.zero_grad(set_to_none=True)
         start = self.now()
-        loss = _loss(self.model, batch, loss_fn)
+        loss = compute_loss()
         forward_end = self.now()
         loss.backward()
         backward_end = self.now()

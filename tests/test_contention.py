@@ -60,3 +60,13 @@ def test_a_file_without_timings_is_refused(tmp_path):
     path.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="has no 'alone_s' and 'beside'"):
         fit_compute_slowdown(path)
+
+
+def test_comm_slowdown_is_the_ratio_of_median_times_and_never_below_one():
+    from dearcomm.contention import fit_comm_slowdown
+    assert fit_comm_slowdown([1.0, 1.1, 0.9], [2.2, 1.8, 2.0, 9.0]) == pytest.approx(2.1 / 1.0)
+    assert fit_comm_slowdown([1.0], [0.8]) == 1.0  # faster beside compute: noise, not a speed-up
+    with pytest.raises(ValueError, match="dearcomm: fit_comm_slowdown needs"):
+        fit_comm_slowdown([], [1.0])
+    with pytest.raises(ValueError, match="a collective's time beside compute must be a positive"):
+        fit_comm_slowdown([1.0], [float("nan")])

@@ -107,6 +107,35 @@ def test_hand_computed_timeline_with_compute_slowed_beside_collectives(schedule,
     assert_timeline(SLOW, schedule, update, *EXPECTED_SLOWED[(schedule, update)])
 
 
+# A collective runs twice as long while compute runs beside it (the other
+# direction of the same sharing); compute itself is not slowed here.
+COMM_SLOW = dataclasses.replace(NETWORK, comm_slowdown=2.0)
+EXPECTED_COMM_SLOWED = {
+    ("wfbp", "replicated"): (15.0, [
+        # it 0: bwd m2 [3,5] -> AR2 from 5; beside m1 [5,7] it does 1 of its 2 ms, beside m0 [7,9] the other:
+        # AR2 [5,9]; AR1 (issued 7) and AR0 (issued 9) run alone while backward's end waits: [9,11], [11,13];
+        # step [13,15]
+        ("all_reduce", 2, 0, 5, 9), ("all_reduce", 1, 0, 9, 11), ("all_reduce", 0, 0, 11, 13),
+        ("all_reduce", 2, 1, 20, 24), ("all_reduce", 1, 1, 24, 26), ("all_reduce", 0, 1, 26, 28),
+    ]),
+    ("dear", "sharded"): (13.0, [
+        # it 0: RS2 beside m1 [5,7], RS1 beside m0 [7,9]; RS0 alone while step() waits [9,10]; shard [10,11]
+        ("reduce_scatter", 2, 0, 5, 7), ("reduce_scatter", 1, 0, 7, 9), ("reduce_scatter", 0, 0, 9, 10),
+        # it 1 starts at 11: AG0 alone [11,12]; AG1 beside fwd m0 [12,13] gets half done, the rest alone while
+        # m1 waits: 13.5; AG2 beside fwd m1 [13.5,14.5], the rest alone: 15; fwd m2 [15,16]; bwd [16,22]
+        ("all_gather", 0, 0, 11, 12), ("all_gather", 1, 0, 12, 13.5), ("all_gather", 2, 0, 13.5, 15),
+        # RS2 beside m1 [18,20], RS1 beside m0 [20,22], RS0 alone [22,23]; shard [23,24]: iteration 24 - 11
+        ("reduce_scatter", 2, 1, 18, 20), ("reduce_scatter", 1, 1, 20, 22), ("reduce_scatter", 0, 1, 22, 23),
+        ("all_gather", 0, 1, 24, 25), ("all_gather", 1, 1, 25, 26.5), ("all_gather", 2, 1, 26.5, 28),
+    ]),
+}
+
+
+@pytest.mark.parametrize("schedule,update", list(EXPECTED_COMM_SLOWED))
+def test_hand_computed_timeline_with_collectives_slowed_beside_compute(schedule, update):
+    assert_timeline(COMM_SLOW, schedule, update, *EXPECTED_COMM_SLOWED[(schedule, update)])
+
+
 def test_replicated_updates_each_parameter_before_its_forward():
     p = dearcomm.simulate(PROFILE, schedule="dear", update="replicated", world_size=2, network=NETWORK, step_ms=2.0,
                           bucket_mb=0, iterations=2)
@@ -149,6 +178,8 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(iterations=0), ValueError, "iterations must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=0.5)), ValueError, "compute_slowdown must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=0.9)), ValueError, "comm_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=math.nan)), ValueError, "comm_slowdown must be"),
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),

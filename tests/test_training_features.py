@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 import dearcomm
 from dearcomm import _C
-from tests.models import MixedNet, batches, local_slice, step_on_global_batch, step_on_slice
+from tests.models import MixedNet, batches, global_batch, local_slice, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 from tests.test_parity import SCHEDULES, make_optimizer
 
@@ -431,3 +431,16 @@ def overlap_worker(rank, world_size):
 def test_reductions_are_in_flight_while_backward_runs():
     for rank, failures in enumerate(run_workers(overlap_worker, 2)):
         assert not failures, f"rank {rank}:\n" + "\n".join(f"{k}:\n{v}" for k, v in failures.items())
+
+
+def _round_trip_before_first_backward(rank, world_size):
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer("adamw", model))
+    optimizer.load_state_dict(optimizer.state_dict())  # what Accelerate's optimizer wrapper does at prepare()
+    x, y = next(batches(1, global_batch(world_size)))
+    step_on_slice(model, optimizer, x, y, rank, world_size)
+    return True
+
+
+def test_optimizer_state_round_trips_before_the_first_backward():
+    assert run_workers(_round_trip_before_first_backward, 2, deadline=120) == [True, True]

@@ -16,12 +16,13 @@ void check(const char* kind, const AlphaBeta& ab) {
 }  // namespace
 
 CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
-                     double compute_slowdown)
+                     double compute_slowdown, double comm_slowdown)
     : world_size_(world_size),
       reduce_scatter_(reduce_scatter),
       all_gather_(all_gather),
       all_reduce_(all_reduce),
-      compute_slowdown_(compute_slowdown) {
+      compute_slowdown_(compute_slowdown),
+      comm_slowdown_(comm_slowdown) {
   DEARCOMM_CORE_CHECK(world_size >= 2, std::invalid_argument, "dearcomm: a world size >= 2 is needed, got ",
                       world_size);
   check("reduce_scatter", reduce_scatter_);
@@ -29,6 +30,8 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
   check("all_reduce", all_reduce_);
   DEARCOMM_CORE_CHECK(std::isfinite(compute_slowdown_) && compute_slowdown_ >= 1.0, std::invalid_argument,
                       "dearcomm: compute_slowdown must be a finite factor >= 1, got ", compute_slowdown_);
+  DEARCOMM_CORE_CHECK(std::isfinite(comm_slowdown_) && comm_slowdown_ >= 1.0, std::invalid_argument,
+                      "dearcomm: comm_slowdown must be a finite factor >= 1, got ", comm_slowdown_);
 }
 
 const AlphaBeta& CostModel::of(Collective kind) const {

@@ -5,8 +5,9 @@
 //   all-reduce                 2·(p-1)·α + 2·(p-1)/p · n · β
 // and what a collective in flight costs the compute beside it: where the
 // transport and the summing run on the cores that compute (gloo on a CPU),
-// compute runs `compute_slowdown` times longer while the channel is busy (a
-// measured factor >= 1: benchmarks/contention.py; 1 where they do not share).
+// compute runs `compute_slowdown` times longer while the channel is busy, and
+// a collective `comm_slowdown` times longer while compute runs beside it
+// (measured factors >= 1: benchmarks/contention.py; 1 where they do not share).
 // Standard C++ only.
 #pragma once
 
@@ -24,9 +25,10 @@ struct AlphaBeta {
 class CostModel {
  public:
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
-            double compute_slowdown = 1.0);
+            double compute_slowdown = 1.0, double comm_slowdown = 1.0);
   double seconds(Collective kind, int64_t bytes) const;
   double compute_slowdown() const { return compute_slowdown_; }
+  double comm_slowdown() const { return comm_slowdown_; }
   // Bytes an all-reduce moves through the link in `seconds` once started
   // (the link model a queueing policy gets).
   int64_t all_reduce_bytes_in(double seconds) const;
@@ -37,6 +39,7 @@ class CostModel {
   int64_t world_size_;
   AlphaBeta reduce_scatter_, all_gather_, all_reduce_;
   double compute_slowdown_;
+  double comm_slowdown_;
 };
 
 }  // namespace dearcomm::sim

@@ -14,32 +14,43 @@ SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const C
   }
 }
 
-void SimDevice::compute(const std::string& name, double seconds) {
-  const double slowdown = cost_.compute_slowdown();
-  double t = now_;
-  double work = seconds;  // left, in idle-machine seconds
-  while (!busy_.empty() && busy_.front().second <= t) {
-    busy_.pop_front();  // ended before this span
-  }
-  for (const auto& [start, end] : busy_) {
-    if (work <= 0) {
-      break;
-    }
-    if (t < start) {  // the channel is idle until `start`
-      const double idle = std::min(work, start - t);
-      t += idle;
-      work -= idle;
-      if (work <= 0) {
-        break;
+double SimDevice::time_to_finish(double comm_rate) const {
+  return channel_.front().left / comm_rate;
+}
+
+void SimDevice::advance(double dt, double comm_rate) {
+  if (!channel_.empty()) {
+    Queued& running = channel_.front();
+    running.left -= dt * comm_rate;
+    if (running.left <= 1e-15) {  // finished (float residue of the division above)
+      in_flight_.at(running.key).end_s = now_ + dt;
+      channel_.pop_front();
+      if (!channel_.empty()) {
+        in_flight_.at(channel_.front().key).start_s = now_ + dt;
       }
     }
-    const double shared = std::min(work * slowdown, end - t);  // wall time beside the collective
-    t += shared;
-    work -= shared / slowdown;
   }
-  t += std::max(0.0, work);
-  spans_.push_back({name, iteration_, now_, t});
-  now_ = t;
+  now_ += dt;
+}
+
+void SimDevice::compute(const std::string& name, double seconds) {
+  const double compute_slowdown = cost_.compute_slowdown();
+  const double comm_rate = 1.0 / cost_.comm_slowdown();
+  const double begin = now_;
+  double work = seconds;  // left, in idle-machine seconds
+  while (work > 0) {
+    if (channel_.empty()) {
+      now_ += work;
+      break;
+    }
+    // Both run: until the first of the two finishes.
+    const double compute_left = work * compute_slowdown;
+    const double comm_left = time_to_finish(comm_rate);
+    const double dt = std::min(compute_left, comm_left);
+    work = compute_left <= comm_left ? 0.0 : work - dt / compute_slowdown;
+    advance(dt, comm_rate);
+  }
+  spans_.push_back({name, iteration_, begin, now_});
 }
 
 std::vector<int64_t> SimDevice::begin_backward() {
@@ -63,11 +74,14 @@ void SimDevice::eligible(int64_t /*bucket*/) {
 }
 
 void SimDevice::issue(const Op& op) {
-  const double start = std::max(now_, channel_free_);
-  const double end = start + cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes);
-  channel_free_ = end;
-  busy_.emplace_back(start, end);
-  in_flight_[{op.bucket, op.slot}] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, start, end};
+  const std::pair<int64_t, int64_t> key{op.bucket, op.slot};
+  // start and end are set when the channel reaches and finishes it (advance).
+  in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, channel_.empty() ? now_ : -1.0, -1.0};
+  channel_.push_back({key, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes)});
+  if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel
+    in_flight_[key].end_s = now_;
+    channel_.pop_back();
+  }
 }
 
 void SimDevice::wait(const Op& op) {
@@ -75,6 +89,9 @@ void SimDevice::wait(const Op& op) {
   DEARCOMM_CORE_CHECK(it != in_flight_.end() && it->second.kind == op.kind, std::logic_error,
                       "dearcomm: internal error: the simulated device waits for ", to_string(op.kind), " of bucket ",
                       op.bucket, " (slot ", op.slot, "), which is not in flight");
+  while (it->second.end_s < 0) {  // compute idles: the channel runs alone until this one is done
+    advance(time_to_finish(1.0), 1.0);
+  }
   SimOp done = it->second;
   in_flight_.erase(it);
   done.wait_begin_s = now_;

@@ -3,9 +3,11 @@
 // one communication channel that runs collectives one at a time in issue
 // order (as the real backends do: one NCCL stream; gloo pairs in posting
 // order), each taking what the CostModel says. A wait moves the compute
-// stream to the collective's end. While the channel is busy, compute runs
-// CostModel::compute_slowdown() times longer (cores shared with the
-// transport). It records what the real device traces
+// stream to the collective's end. Where compute and a collective run at
+// once, compute progresses CostModel::compute_slowdown() times slower and the
+// collective comm_slowdown() times slower (cores shared with the transport):
+// both are advanced together, piecewise, as work left at a rate. It records
+// what the real device traces
 // (launch, completion, wait), so a prediction draws like a measurement.
 // Standard C++ only.
 #pragma once
@@ -70,9 +72,21 @@ class SimDevice final : public core::Device {
   const CostModel& cost_;
   const bool link_model_;
   int64_t total_numel_ = 0;
-  double now_ = 0.0;           // the compute stream
-  double channel_free_ = 0.0;  // the communication channel
-  std::deque<std::pair<double, double>> busy_;  // the channel's (start, end) from now_ on, in order
+  // The channel's collectives not finished at now_, in issue order: the
+  // first runs, with `left` seconds of work as it would take alone.
+  struct Queued {
+    std::pair<int64_t, int64_t> key;  // (bucket, slot) in in_flight_
+    double left;
+  };
+  // Advances the clock by `dt` at the given collective rate (work per
+  // second: 1 alone, 1/comm_slowdown beside compute): the running
+  // collective's work goes down, and one that finishes records its end.
+  void advance(double dt, double comm_rate);
+  // The running collective's wall time to finish at `comm_rate`.
+  double time_to_finish(double comm_rate) const;
+
+  double now_ = 0.0;  // the compute stream, and the channel's time: both advance together
+  std::deque<Queued> channel_;
   int64_t iteration_ = 0;
   std::map<std::pair<int64_t, int64_t>, SimOp> in_flight_;  // per (bucket, slot): its latest collective
   std::vector<SimOp> ops_;        // waited for, in wait order

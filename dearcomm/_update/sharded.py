@@ -88,9 +88,8 @@ class ShardedAtStep(AveragesInShards):
     # ---- checkpoints --------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        if self.runtime.engine is None:
-            return self._pending_state or {"state": {}, "param_groups": [
-                {**hyperparameters(g), "params": []} for g in self.param_groups]}
+        if self.runtime.engine is None:  # torch's format, loadable back: the groups with their parameters
+            return self._pending_state or self.optimizer.state_dict()
         return sharded_state.consolidate(self)
 
     def sharded_state_dict(self) -> Dict[str, Any]:

@@ -92,7 +92,7 @@ def consolidate(update) -> Dict[str, Any]:
                     start = piece.bucket_offset - base
                     shard[start:start + piece.master.numel()] = value.reshape(-1)
             full = torch.empty(spec.padded_numel, dtype=dtype, device=device)
-            dist.all_gather_into_tensor(full, shard, group=group)
+            dist.all_gather_single(full, shard, group=group)
             assemble_params(layout, b, full, flats)
         for i, flat in flats.items():
             full_state.setdefault(i, {})[key] = flat.view(runtime.params[i].shape)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Dict, Generator, List, Literal, Mapping, Optional, Sequence
+from typing import Any, Dict, Generator, List, Literal, Mapping, Optional, Sequence, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
@@ -41,7 +41,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 import dearcomm
-from dearcomm import DearModule, WrapOptions
+from dearcomm import DearModule
+from dearcomm._wrap import check_options
 
 from . import precision
 
@@ -60,10 +61,10 @@ class DearStrategy(DDPStrategy):
     def __init__(
         self,
         *,
-        bucket_mb: float = 25.0,
-        partition_mb: Optional[float] = None,
+        bucket_mb: Union[float, str] = 25.0,
+        partition_mb: Union[float, str, None] = None,
         blocks: Optional[Mapping[str, Sequence[int]]] = None,
-        credit_mb: Optional[float] = None,
+        credit_mb: Union[float, str, None] = None,
         schedule: str = "dear",
         update: Optional[str] = None,
         find_unused_parameters: bool = False,
@@ -82,7 +83,7 @@ class DearStrategy(DDPStrategy):
             bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb, schedule=schedule,
             update=update, find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype,
             broadcast_buffers=broadcast_buffers)
-        WrapOptions(**self._dear_options)  # a bad option fails here, before any process starts
+        check_options(**self._dear_options)  # a bad option fails here, before any process starts
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,

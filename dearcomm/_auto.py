@@ -1,0 +1,334 @@
+"""wrap()'s "auto" options: schedule, bucket_mb, partition_mb and credit_mb
+chosen for this job by simulation, at the start of training and again when
+the measured iterations drift from the prediction.
+
+At the first training forward, before any gradient is communicated:
+  1. every rank times the collectives on the training group (network_probe:
+     about a second on 1 Gbit/s) and profiles its own compute on the batch it
+     was given (profiler.profile_calls: a few forward+backward+step iterations
+     of the plain model, its state restored; the loss is the model's ``.loss``
+     or the sum of its outputs: backward costs the same whatever the loss);
+     on a CPU it also measures how much compute and collectives slow each
+     other on its shared cores (contention.measure_contention: forward and
+     backward beside all-reduces of up to 64 MiB, a few seconds at 1 Gbit/s);
+  2. rank 0 simulates every candidate the "auto" options leave open
+     (autotune.plan) on its own profile and the probed network, and
+     broadcasts a shortlist: the best predicted candidate of each schedule
+     and update, then the next best, MAX_TRIALS at most;
+  3. training goes on with each shortlisted candidate in turn for one step
+     that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
+     state moving along, DearRuntime.reconfigure), and keeps the fastest
+     measured: rank 0's medians decide, so every rank trains with the same
+     plan, whatever its own timings. A prediction is within 10-20% here; a
+     few measured steps separate candidates the simulator ranks too close;
+  4. the plan and the choice are logged (logger "dearcomm", INFO, rank 0)
+     and kept in ``model.auto_plan()``.
+Then, after WARMUP more steps, every WINDOW steps rank 0 compares the
+median measured iteration with what the chosen candidate measured; off by
+more than DRIFT, all ranks measure and plan again at the next forward (at
+most MAX_REPLANS times).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import autotune
+from ._options import WrapOptions
+from .contention import measure_contention
+from .prediction import Network
+from .network_probe import probe_network
+from .profiler import TrainingProfile, profile_calls
+from ._runtime import _weak_hook
+
+logger = logging.getLogger("dearcomm")
+
+AUTO = "auto"
+AUTO_OPTIONS = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
+"""wrap()'s options that take "auto"."""
+
+DRIFT = 0.25
+"""Re-plan when the median measured iteration is this fraction off the prediction."""
+WINDOW = 20
+"""Steps per drift check (their median is compared)."""
+WARMUP = 5
+"""Steps after a plan before its iterations are measured (allocators, caches)."""
+MAX_REPLANS = 2
+MAX_TRIALS = 4
+"""Candidates measured on the running job after each plan (see the module's docstring)."""
+TRIAL_STEPS = 3
+"""Steps measured per candidate, after one that rebuilds its buckets."""
+CONTENTION_BYTES = 64 * 2**20
+"""All-reduce size for the contention measurement (or the model's size, if smaller)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPlan:
+    """What "auto" chose, and from what (rank 0's measurements)."""
+    options: Dict[str, Any]
+    """The wrap() options trained with since ``step``."""
+    predicted_ms: float
+    default_ms: float
+    """wrap()'s default (dear, 25 MiB buckets) on the same prediction."""
+    candidates: int
+    step: int
+    """Optimizer steps taken before this plan (0: planned at the start)."""
+    reason: str
+    network: Network
+    """α–β of the probed collectives, fitted, and on a CPU the contention
+    factors (rank 0's measurements)."""
+    profile: TrainingProfile
+    planning_s: float = 0.0
+    """Rank 0's wall time for probing, profiling and simulating."""
+    shortlist: Tuple[Tuple[Dict[str, Any], float], ...] = ()
+    """The candidates measured on the running job, with their predictions (ms)."""
+    measured_ms: Tuple[float, ...] = ()
+    """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
+
+    @property
+    def gain_over_default(self) -> float:
+        return self.default_ms / self.predicted_ms
+
+    def __str__(self) -> str:
+        chosen = _describe(self.options)
+        trials = ""
+        if self.measured_ms:
+            trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
+                                               in zip(self.shortlist, self.measured_ms))
+        return (f"dearcomm auto ({self.reason}): {chosen} -> {self.predicted_ms:.2f} ms per iteration predicted, "
+                f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
+                f"candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
+                f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
+                f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
+                f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
+                f"{self.network.comm_slowdown:.2f}x slower beside compute)" + trials)
+
+
+def _describe(options: Dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in options.items() if v is not None)
+
+
+def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
+    """wrap()'s values of AUTO_OPTIONS -> (the values to start with, the names
+    that are "auto"). An "auto" starts at wrap()'s default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(WrapOptions) if f.name in AUTO_OPTIONS}
+    start, auto = {}, []
+    for name, value in values.items():
+        if isinstance(value, str) and value == AUTO:
+            auto.append(name)
+            start[name] = defaults[name]
+        else:
+            start[name] = value
+    if auto and blocks:
+        raise ValueError(f"dearcomm: {'/'.join(auto)}='auto' cannot be combined with blocks: blocks fix the layout, "
+                         "which the planner's simulation does not know")
+    if "schedule" in auto and start["credit_mb"] is not None:
+        raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
+                         "'auto' (the planner sets it where it picks bytescheduler)")
+    return start, tuple(auto)
+
+
+class AutoPlanner:
+    """The runtime's "auto" part (see the module's docstring)."""
+
+    def __init__(self, runtime, module: nn.Module, optimizer: torch.optim.Optimizer, auto: Tuple[str, ...],
+                 update_given: bool) -> None:
+        self.runtime = runtime
+        self.optimizer = optimizer  # the user's: profiling times its full step
+        self.auto = auto
+        self.update_free = "schedule" in auto and not update_given  # the planner picks the update too
+        self.plans: List[AutoPlan] = []
+        self._plan_due = True
+        self._reference_ms: Optional[float] = None  # what measured iterations are compared with
+        self._replan_reason = ""
+        self._steps = 0
+        self._measure_from = WARMUP
+        self._last_step_end: Optional[float] = None
+        self._iteration_ms: List[float] = []
+        self._switch_to: Optional[Dict[str, Any]] = None  # options to train with from the next forward
+        self._trying = False  # measuring the last plan's shortlist
+        self.handle = module.register_forward_pre_hook(_weak_hook(self._before_forward), with_kwargs=True, prepend=True)
+
+    # ---- hooks ------------------------------------------------------------------
+
+    def _before_forward(self, module: nn.Module, args, kwargs) -> None:
+        if self.runtime.planning or not (module.training and torch.is_grad_enabled()):
+            return
+        if self._switch_to is not None:
+            self._train_with(self._switch_to)
+            self._switch_to = None
+        if self._plan_due:
+            self._plan_due = False
+            self._plan(module, args, kwargs)
+
+    def _plan(self, module: nn.Module, args, kwargs) -> None:
+        reason = "first training forward" if not self.plans else self._replan_reason
+        started = time.perf_counter()
+        self.runtime.sync()  # parameters current before they are profiled
+        fit = probe_network(self.runtime.group, next(module.parameters()).device)
+        profile, network = self._measure(module, args, kwargs, fit.network)
+        plan = self._plan_on_rank0(profile, network, reason, started)
+        self.plans.append(plan)
+        if self.runtime.rank == 0:
+            logger.info("%s", plan)
+        self._train_with(plan.shortlist[0][0])
+        self._trying = len(plan.shortlist) > 1
+        self._reference_ms = plan.predicted_ms
+        self._start_measuring(skip=1 if self._trying else WARMUP)
+
+    def _train_with(self, options: Dict[str, Any]) -> None:
+        current = {name: getattr(self.runtime.options, name) for name in options}
+        if options != current:
+            self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **options))
+
+    def _start_measuring(self, skip: int) -> None:
+        """Iterations are measured from the (skip+1)-th step on: the first
+        after a change of options rebuilds the buckets and moves the state."""
+        self._measure_from = self._steps + skip
+        self._iteration_ms.clear()
+
+    def step_ended(self) -> None:
+        """After every optimizer.step(): the iteration's time; at the end of a
+        trial the next candidate, at the end of a window the drift check
+        (a broadcast from rank 0, on every rank, at the same step)."""
+        now = time.perf_counter()
+        self._steps += 1
+        if self._last_step_end is not None and self._steps > self._measure_from:
+            self._iteration_ms.append((now - self._last_step_end) * 1e3)
+        self._last_step_end = now
+        if self._trying:
+            if len(self._iteration_ms) >= TRIAL_STEPS:
+                self._trial_ended(self._agreed_median())
+            return
+        if len(self._iteration_ms) < WINDOW or self._reference_ms is None:
+            return
+        measured = self._agreed_median()
+        self._iteration_ms.clear()
+        if abs(measured / self._reference_ms - 1) > DRIFT and len(self.plans) <= MAX_REPLANS:
+            self._replan_reason = (f"measured {measured:.2f} ms per iteration vs {self._reference_ms:.2f} ms "
+                                   f"expected at step {self._steps}")
+            self._plan_due = True
+
+    def _agreed_median(self) -> float:
+        """Rank 0's median of the iterations measured: every rank decides alike."""
+        median = [statistics.median(self._iteration_ms)]
+        dist.broadcast_object_list(median, src=dist.get_global_rank(self.runtime.group, 0), group=self.runtime.group)
+        return median[0]
+
+    def _trial_ended(self, measured: float) -> None:
+        plan = self.plans[-1]
+        plan = self.plans[-1] = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
+        done = len(plan.measured_ms)
+        if done < len(plan.shortlist):
+            self._switch_to = plan.shortlist[done][0]
+            self._start_measuring(skip=1)
+            return
+        best = min(range(done), key=lambda i: plan.measured_ms[i])  # ties: the better predicted
+        options, predicted = plan.shortlist[best]
+        plan = self.plans[-1] = dataclasses.replace(plan, options=options, predicted_ms=predicted)
+        if self.runtime.rank == 0:
+            logger.info("%s", plan)
+        self._switch_to = options
+        self._trying = False
+        self._reference_ms = plan.measured_ms[best]  # the drift check compares with what was measured
+        self._start_measuring(skip=WARMUP)
+
+    # ---- measuring and planning ------------------------------------------------------
+
+    def _measure(self, module: nn.Module, args, kwargs, network: Network) -> Tuple[TrainingProfile, Network]:
+        """This rank's profile, on the plain model; on a CPU also how much
+        compute and collectives slow each other (they share its cores), in
+        ``network``. The hooks stand aside; gradients are put back as they were."""
+        grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
+
+        def forward_backward() -> None:
+            surrogate_loss(module(*args, **kwargs)).backward()
+            module.zero_grad(set_to_none=True)
+
+        device = next(module.parameters()).device
+        self.runtime.planning = True
+        # fork_rng: dropout and the like draw during profiling; training then
+        # draws what it would have drawn without "auto".
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
+                                        iterations=3, warmup=1)
+                if device.type == "cpu":
+                    nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
+                    measured = measure_contention(forward_backward, self.runtime.group, nbytes=nbytes, iters=3)
+                    network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
+                                                  comm_slowdown=measured["comm_slowdown"])
+            return profile, network
+        finally:
+            self.runtime.planning = False
+            for p, grad in grads.items():
+                p.grad = grad
+
+    def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
+        runtime = self.runtime
+        chosen = [None]
+        if runtime.rank == 0:
+            options = runtime.options
+            fixed = lambda name, grid: grid if name in self.auto else (getattr(options, name),)  # noqa: E731
+            result = autotune.plan(
+                profile, world_size=runtime.world_size, network=network,
+                schedules=None if "schedule" in self.auto else [options.schedule],
+                updates=None if self.update_free else [options.update],
+                bucket_mb=fixed("bucket_mb", autotune.BUCKET_MB),
+                partition_mb=fixed("partition_mb", autotune.PARTITION_MB),
+                credit_mb=fixed("credit_mb", autotune.CREDIT_MB))
+            keys = self.auto + (("update",) if self.update_free else ())
+            shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in _shortlist(result))
+            chosen = [AutoPlan(options=shortlist[0][0], shortlist=shortlist,
+                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
+                               candidates=len(result.candidates), step=self._steps, reason=reason,
+                               network=network, profile=profile,
+                               planning_s=time.perf_counter() - started)]
+        dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
+        return chosen[0]
+
+
+def _shortlist(result: autotune.Plan) -> List[autotune.Candidate]:
+    """What to measure: the best predicted candidate of each schedule and
+    update (the simulator's errors differ most between schedules), then the
+    next best overall, MAX_TRIALS at most, best predicted first."""
+    chosen, families = [], set()
+    for candidate in result.candidates:  # fastest predicted first
+        family = (candidate.options["schedule"], candidate.options["update"])
+        if family not in families:
+            families.add(family)
+            chosen.append(candidate)
+    chosen += [c for c in result.candidates if all(c is not d for d in chosen)]
+    return sorted(chosen[:MAX_TRIALS], key=lambda c: c.predicted_ms)
+
+
+def surrogate_loss(output: Any) -> torch.Tensor:
+    """A scalar to run backward from: the output's ``.loss`` (Hugging Face
+    models), else the sum of every floating-point tensor in it. Backward's
+    cost does not depend on which loss it starts from."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss
+    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise ValueError("dearcomm: auto could not profile the model: its output holds no floating-point tensor "
+                         "that requires grad (nothing to run backward from)")
+    return sum(t.float().sum() for t in tensors)
+
+
+def _tensors(value: Any):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)

@@ -1,0 +1,133 @@
+"""wrap()'s "auto" options: every rank trains with rank 0's plan although
+their timings differ, training equals one process on the global batch
+(profiling restores what it touched; a re-plan moves the optimizer state to
+the new layout and update strategy), and bad combinations are refused."""
+import dataclasses
+import time
+
+import pytest
+import torch
+
+import dearcomm
+from dearcomm import _auto
+from dearcomm._auto import surrogate_loss
+from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
+from tests.multiprocess import run_workers
+
+STEPS = 11  # with the 3 reconfiguration steps: 14, past the overlap report's 13
+
+# Options a re-plan may move between, each with AdamW state to carry over:
+# the update strategy changes (sharded -> replicated -> full), and the layout.
+RECONFIGURATIONS = [
+    dict(schedule="wfbp", update="replicated", bucket_mb=0.0),
+    dict(schedule="bytescheduler", update="replicated", bucket_mb=25.0, partition_mb=400 / 2**20),
+    dict(schedule="dear", update="sharded", bucket_mb=2048 / 2**20),
+]
+
+
+def make_optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
+
+
+def _auto_worker(rank, world_size):
+    # Two candidates measured for one step each (steps 2 and 4), the choice from step 5 on; every window
+    # "drifts": one re-plan after step 7, whose two trials end at step 11.
+    _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
+    _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.TRIAL_STEPS = 1, 2, 1
+    torch.manual_seed(0)
+    model = MixedNet()
+    slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
+    model.conv.register_forward_hook(lambda *args: time.sleep(slow))
+    draws = []  # what training forwards draw (as dropout would): profiling must not shift them
+
+    def draw(*args):
+        if not model._dear.planning:
+            draws.append(torch.rand(1).item())
+    model.fc.register_forward_hook(draw)
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", bucket_mb="auto",
+                                     partition_mb="auto", credit_mb="auto")
+    assert model.auto_plan() is None
+    torch.manual_seed(1)
+    for step, (x, y) in enumerate(batches(STEPS, global_batch(world_size))):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+        if step == 4:  # moves the optimizer state through every update strategy and two layouts
+            for options in RECONFIGURATIONS:
+                model._dear.reconfigure(dataclasses.replace(model._dear.options, **options))
+                x2, y2 = next(batches(1, global_batch(world_size), seed=100 + step))
+                step_on_slice(model, optimizer, x2, y2, rank, world_size)
+    model.sync()
+    torch.manual_seed(1)
+    assert draws == [torch.rand(1).item() for _ in draws], "profiling drew from the training's random stream"
+    plans = model._dear.auto.plans
+    report = model.overlap_report()
+    assert report.best_plan_ms == plans[-1].predicted_ms and "schedule=" in report.best_plan, report
+    assert "the predicted best plan" in str(report)
+    return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
+                plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms)
+                       for p in plans],
+                options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
+
+
+def _reference():
+    torch.manual_seed(0)
+    model = MixedNet()
+    optimizer = make_optimizer(model)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_size):
+    results = run_workers(_auto_worker, world_size, deadline=240)
+    plans = [r["plans"] for r in results]
+    assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
+    assert [p[1] for p in plans[0]] == [0, 7]
+    for options, _, predicted, _, _, shortlist, measured in plans[0]:
+        assert len(shortlist) == 2 and len(measured) == 2, "both candidates measured"
+        best = min(range(2), key=lambda i: measured[i])
+        assert (options, predicted) == shortlist[best], "the faster measured candidate is kept"
+    for rank, theirs in enumerate(plans):
+        assert theirs == plans[0], f"rank {rank} planned differently from rank 0"
+    first = plans[0][0]
+    assert set(first[0]) == {"schedule", "update", "bucket_mb", "partition_mb", "credit_mb"}
+    assert first[2] > 0 and first[4].gbit_s > 0
+    # The last reconfiguration's options are in force (a plan came before it).
+    assert all(r["options"] == results[0]["options"] for r in results)
+
+    model, optimizer = _reference()
+    for step, (x, y) in enumerate(batches(STEPS, global_batch(world_size))):
+        step_on_global_batch(model, optimizer, x, y)
+        if step == 4:
+            for _ in RECONFIGURATIONS:
+                x2, y2 = next(batches(1, global_batch(world_size), seed=100 + step))
+                step_on_global_batch(model, optimizer, x2, y2)
+    expected = dict(model.named_parameters())
+    for rank, r in enumerate(results):
+        for name, value in r["params"].items():
+            torch.testing.assert_close(value, expected[name].detach(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
+
+
+def test_auto_refuses_what_it_cannot_plan():
+    model = MixedNet()
+    optimizer = make_optimizer(model)
+    with pytest.raises(ValueError, match="dearcomm: credit_mb is bytescheduler's option"):
+        dearcomm.wrap(model, optimizer, schedule="auto", credit_mb=4.0)
+    with pytest.raises(ValueError, match="dearcomm: bucket_mb='auto' cannot be combined with blocks"):
+        dearcomm.wrap(model, optimizer, bucket_mb="auto", blocks={"head.weight": [39]})
+    with pytest.raises(TypeError, match="dearcomm: bucket_mb must be a number of MiB"):
+        dearcomm.wrap(model, optimizer, bucket_mb="automatic")
+
+
+def test_surrogate_loss_sums_every_output_that_trains():
+    w = torch.ones(3, requires_grad=True)
+    out = {"logits": w * 2, "aux": (w * 3, torch.arange(3)), "frozen": torch.ones(3)}
+    loss = surrogate_loss(out)
+    loss.backward()
+    torch.testing.assert_close(w.grad, torch.full((3,), 5.0))
+
+    class WithLoss(dict):
+        loss = (w * 4).sum()
+    assert surrogate_loss(WithLoss()) is WithLoss.loss
+    with pytest.raises(ValueError, match="dearcomm: auto could not profile the model"):
+        surrogate_loss((torch.ones(2), [torch.arange(2)]))
+
