@@ -193,7 +193,7 @@ DEAR_MODELS = ("resnet50", "bert-base", "bert-large")
 
 
 DEAR_CLAIMS = (("10gbe", 1.83, "10 Gb/s Ethernet"), ("100gb-ib", 1.15, "100 Gb/s InfiniBand"))
-"""DeAR's headline (ALGORITHMS.md): up to this speedup over the best baseline, 64 GPUs, five models."""
+"""DeAR's published headline: up to this speedup over the best baseline, 64 GPUs, five models."""
 SETTINGS = {"runs": "defaults", "tuned": "each schedule tuned on its grid"}
 AGREE = 1.10
 """A simulated figure within this factor of the claimed one agrees in size."""
@@ -206,7 +206,7 @@ def _ratio(row: Dict, profiles: Dict[str, ScaleProfile]) -> float:
 
 
 def claims(rows: List[Dict], profiles: Dict[str, ScaleProfile], tuned: bool) -> Tuple[List[str], List[Dict]]:
-    """The published headline figures (ALGORITHMS.md), the simulated figure of
+    """The published headline figures, the simulated figure of
     the closest configuration, and for each disagreement in direction or size
     one line saying which assumption differs."""
     lines, records = [], []
@@ -258,7 +258,7 @@ def claims(rows: List[Dict], profiles: Dict[str, ScaleProfile], tuned: bool) -> 
     mine = [r for r in rows if r["network"] in NETWORKS]
     if mine:
         lines.append("ByteScheduler (SOSP 2019): priority scheduling of partitioned tensors under a credit beats WFBP "
-                     "(direction only: ALGORITHMS.md restates no figure)")
+                     "(direction only: no headline figure to compare with)")
     for key in keys if mine else []:
         bs = [speedups(r[key])["bytescheduler"] for r in mine]
         slower = [r for r in mine if speedups(r[key])["bytescheduler"] < 1 / 1.01]

@@ -2,11 +2,11 @@
 workers (benchmarks/at_scale.py): a list of dearcomm.ModuleProfile per model,
 in forward order, with the optimizer step's time.
 
-Sources (shared/profiles/, see its README.md):
+Sources (the figures dearcomm.pipeline ships, docs/pipeline.md):
 
-- parameters: param_sizes.json, the per-tensor element counts of each model
+- parameters: dearcomm.pipeline.param_tensors, the per-tensor element counts of each model
   in forward order; every tensor is one simulated parameter (fp32);
-- per-layer times: layer_profiles.json where the model has a per-layer
+- per-layer times: dearcomm.pipeline.layer_records where the model has a per-layer
   profile (ResNet-50 and VGG-16: PipeDream's profiler, batch ≈ 128, GPU not
   stated; BERT-large: DAPPLE's, V100, 6 sequences per GPU). Each profiled
   layer with parameters takes the next tensors in order until their bytes add
@@ -28,17 +28,11 @@ at_scale.py prints beside the results.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dearcomm import ModuleProfile
-
-SHARED_PROFILES_DIR = os.path.dirname(
-    os.environ.get("DEARCOMM_PROFILES", "/work/shared/profiles/layer_profiles.json"))
-"""Where layer_profiles.json and param_sizes.json are (DEARCOMM_PROFILES names
-layer_profiles.json, as for dearcomm.pipeline)."""
+from dearcomm.pipeline import layer_records, param_tensors
 
 FP32_BYTES = 4
 
@@ -63,9 +57,9 @@ per parameter: DAPPLE's BERT-large on a V100, 6 sequences per GPU."""
 class ModelSpec:
     label: str
     param_key: str
-    """The model's key prefix in param_sizes.json."""
+    """The model's name for dearcomm.pipeline.param_tensors."""
     layer_key: Optional[str]
-    """Its per-layer profile in layer_profiles.json; None: derived from REFERENCE_TRANSFORMER."""
+    """Its per-layer profile (dearcomm.pipeline.layer_records); None: derived from REFERENCE_TRANSFORMER."""
 
 
 MODELS: Dict[str, ModelSpec] = {
@@ -118,24 +112,16 @@ STEP_ASSUMPTION = (f"step: fp32 Adam, {ADAM_BYTES_PER_PARAM} bytes of memory tra
 
 # ---- reading the shared files ---------------------------------------------------------
 
-def load_tensors(spec: ModelSpec, directory: str = SHARED_PROFILES_DIR) -> List[Tuple[str, int]]:
-    """(name, elements) of every parameter tensor of the model, in forward order."""
-    with open(os.path.join(directory, "param_sizes.json")) as f:
-        models = json.load(f)["models"]
-    keys = [k for k in models if k.split(" ")[0] == spec.param_key]
-    if len(keys) != 1:
-        raise ValueError(f"dearcomm: param_sizes.json has {len(keys)} models named {spec.param_key!r} "
-                         f"(expected one); it has {sorted(models)}")
-    return [(str(name), int(n)) for name, n in models[keys[0]]]
+def load_tensors(spec: ModelSpec) -> List[Tuple[str, int]]:
+    """(name, elements) of every parameter tensor of the model, in forward
+    order (the figures dearcomm.pipeline ships)."""
+    return param_tensors(spec.param_key)
 
 
-def load_layers(key: str, directory: str = SHARED_PROFILES_DIR) -> List[Dict]:
-    """The per-layer entries (id, op, fwd_ms, bwd_ms, param_bytes, ...) of one model, in topological order."""
-    with open(os.path.join(directory, "layer_profiles.json")) as f:
-        models = json.load(f)
-    if key not in models:
-        raise ValueError(f"dearcomm: layer_profiles.json has no model {key!r}; expected one of {sorted(models)}")
-    return models[key]["layers"]
+def load_layers(key: str) -> List[Dict]:
+    """The per-layer entries (id, op, fwd_ms, bwd_ms, param_bytes, ...) of one
+    model, in topological order (the figures dearcomm.pipeline ships)."""
+    return layer_records(key)
 
 
 # ---- joining layers and tensors -------------------------------------------------------
@@ -209,10 +195,10 @@ def _module_of(name: str) -> str:
     return "embeddings" if head in ("wte", "wpe") else head
 
 
-def reference_rates(directory: str = SHARED_PROFILES_DIR) -> Dict[str, float]:
+def reference_rates() -> Dict[str, float]:
     """From REFERENCE_TRANSFORMER: forward and backward ms per parameter of an
     encoder layer, and its embeddings layer's times."""
-    layers = load_layers(REFERENCE_TRANSFORMER, directory)
+    layers = load_layers(REFERENCE_TRANSFORMER)
     blocks = [l for l in layers if str(l["op"]).startswith("layer_")]
     numel = sum(l["param_bytes"] for l in blocks) / FP32_BYTES
     embed = next(l for l in layers if l["op"] == "embeddings")
@@ -221,8 +207,7 @@ def reference_rates(directory: str = SHARED_PROFILES_DIR) -> Dict[str, float]:
                 embed_fwd_ms=float(embed["fwd_ms"]), embed_bwd_ms=float(embed["bwd_ms"]))
 
 
-def derived_transformer(tensors: Sequence[Tuple[str, int]], tied_head: bool,
-                        directory: str = SHARED_PROFILES_DIR) -> Tuple[List[ModuleProfile], List[str]]:
+def derived_transformer(tensors: Sequence[Tuple[str, int]], tied_head: bool) -> Tuple[List[ModuleProfile], List[str]]:
     """Modules of a transformer without a per-layer profile, and the
     assumptions made. Block time = its parameters × the reference's encoder
     time per parameter (a block's matmul work per token is proportional to its
@@ -233,7 +218,7 @@ def derived_transformer(tensors: Sequence[Tuple[str, int]], tied_head: bool,
     parameters and no parameters of its own (the table belongs to the
     embeddings, its first reader, whose gradient is complete only at the end
     of backward)."""
-    r = reference_rates(directory)
+    r = reference_rates()
     groups: Dict[str, List[int]] = {}
     for name, n in tensors:
         groups.setdefault(_module_of(name), []).append(int(n))
@@ -263,27 +248,26 @@ def derived_transformer(tensors: Sequence[Tuple[str, int]], tied_head: bool,
 
 # ---- the entry point -------------------------------------------------------------------
 
-def build(model: str, directory: str = SHARED_PROFILES_DIR) -> ScaleProfile:
+def build(model: str) -> ScaleProfile:
     """The simulation profile of `model` (a key of MODELS)."""
     if model not in MODELS:
         raise ValueError(f"dearcomm: unknown model {model!r}; expected one of {sorted(MODELS)}")
     spec = MODELS[model]
-    tensors = load_tensors(spec, directory)
+    tensors = load_tensors(spec)
     numels = [n for _, n in tensors]
     if spec.layer_key is None:
-        modules, assumptions = derived_transformer(tensors, tied_head=model.startswith("gpt2"),
-                                                   directory=directory)
-        how = f"{len(numels)} tensors (param_sizes.json); times derived from {REFERENCE_TRANSFORMER}"
+        modules, assumptions = derived_transformer(tensors, tied_head=model.startswith("gpt2"))
+        how = f"{len(numels)} parameter tensors; times derived from {REFERENCE_TRANSFORMER}"
     else:
-        layers = [l for l in load_layers(spec.layer_key, directory) if l.get("op") != "Input"]
+        layers = [l for l in load_layers(spec.layer_key) if l.get("op") != "Input"]
         matched = match_in_order(layers, numels)
         if matched is not None:
             modules = matched
-            how = (f"{len(numels)} tensors (param_sizes.json) matched exactly, in order, to the "
+            how = (f"{len(numels)} parameter tensors matched exactly, in order, to the "
                    f"{sum(1 for l in layers if l['param_bytes'] > 0)} parameter layers of {spec.layer_key}")
         else:
             modules = distribute_by_bytes(layers, numels)
-            how = (f"{len(numels)} tensors (param_sizes.json) could not be matched to the layers of "
+            how = (f"{len(numels)} parameter tensors could not be matched to the layers of "
                    f"{spec.layer_key}: each layer's time spread over the tensors by bytes")
         assumptions = [f"{spec.layer_key}: per-layer times as profiled"
                        + ("; the Input node (batch loading) left out" if spec.layer_key.startswith("pipedream")
