@@ -93,6 +93,11 @@ class AutoPlan:
     """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
 
     @property
+    def decided(self) -> bool:
+        """Every shortlisted candidate measured (or only one to train with)."""
+        return len(self.shortlist) <= 1 or len(self.measured_ms) == len(self.shortlist)
+
+    @property
     def gain_over_default(self) -> float:
         return self.default_ms / self.predicted_ms
 
