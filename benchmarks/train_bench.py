@@ -448,6 +448,19 @@ def gather_beside_forward(ddp, layout):
     ddp.module.register_forward_hook(finish)
 
 
+def finish_auto_trials(model, optimizer, x, y, limit=100):
+    """auto: the iterations that measure its shortlist, before the run is
+    timed (they train, as in a user's job); returns their wall time (s)."""
+    start = time.perf_counter()
+    for _ in range(limit):
+        if model.auto_plan().decided:
+            break
+        iteration(model, optimizer, x, y)
+    iteration(model, optimizer, x, y)  # the chosen options' buckets built
+    settle(model)
+    return time.perf_counter() - start
+
+
 def bo_tune(model, optimizer, x, y, iters, trials=TRIALS):
     """dear-bo: DeAR's tuner picks the bucket size on this run (bo_tuner.py);
     the run then trains with it, its buckets rebuilt, nothing in flight."""
@@ -623,6 +636,8 @@ def main():
     loss_diff = loss_differences(warm_up(runs, x, y))
     tuned = {name: bo_tune(model, optimizer, x, y, args.iters) for name, (model, optimizer) in runs.items()
              if name.split("/")[0] == "dear-bo"}
+    trials_s = {name: finish_auto_trials(model, optimizer, x, y) for name, (model, optimizer) in runs.items()
+                if parse_run(name)[0] == "auto"}
     # Each run's own bucket layout (partitioning changes it); ddp: the unpartitioned plan.
     layouts, comm_of = {}, {}
     for name, (model, _) in runs.items():
@@ -681,7 +696,9 @@ def main():
                               bo_tuning_s=tuned[name].seconds)
         if name in plans:
             rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
-                              auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s)
+                              auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s,
+                              auto_trials_s=trials_s[name], auto_shortlist=plans[name].shortlist,
+                              auto_measured_ms=plans[name].measured_ms)
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None
@@ -707,7 +724,7 @@ def main():
                 buckets = len(model.reducer._get_zeros_like_grad_buckets())  # as rebuilt after the warm-up
                 print(f"  {name}: torch DDP's own {buckets} buckets (not measured alone; the ideal shown is ddp's)")
         for name, plan in plans.items():
-            print(f"  {name}: {plan}")
+            print(f"  {name}: {plan}; trials took {trials_s[name]:.1f} s of training")
         for name, t in tuned.items():
             print(f"  {name}: bucket_mb={t.bucket_mb:.2f} after {len(t.trials)} trials in {t.seconds:.1f} s: "
                   + ", ".join(f"{mb:.1f} MiB {1e3 * sec:.0f} ms" for mb, sec in t.trials))

@@ -14,13 +14,16 @@ At the first training forward, before any gradient is communicated:
   2. rank 0 simulates every candidate the "auto" options leave open
      (autotune.plan) on its own profile and the probed network, and
      broadcasts a shortlist: the best predicted candidate of each schedule
-     and update, then the next best, MAX_TRIALS at most;
+     and update (MAX_TRIALS at most), and each family's runners-up;
   3. training goes on with each shortlisted candidate in turn for one step
      that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
-     state moving along, DearRuntime.reconfigure), and keeps the fastest
-     measured: rank 0's medians decide, so every rank trains with the same
-     plan, whatever its own timings. A prediction is within 10-20% here; a
-     few measured steps separate candidates the simulator ranks too close;
+     state moving along, DearRuntime.reconfigure), then with the
+     REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
+     fastest, and keeps
+     the fastest measured: rank 0's medians decide, so every rank trains
+     with the same plan, whatever its own timings. A prediction is within
+     10-20% here; a few measured steps separate candidates the simulator
+     ranks too close;
   4. the plan and the choice are logged (logger "dearcomm", INFO, rank 0)
      and kept in ``model.auto_plan()``.
 Then, after WARMUP more steps, every WINDOW steps rank 0 compares the
@@ -62,7 +65,11 @@ WARMUP = 5
 """Steps after a plan before its iterations are measured (allocators, caches)."""
 MAX_REPLANS = 2
 MAX_TRIALS = 4
-"""Candidates measured on the running job after each plan (see the module's docstring)."""
+"""Candidates measured first: the best predicted of each schedule and update."""
+REFINE_TRIALS = 2
+"""Then the next best predicted candidates of each of the REFINE_FAMILIES
+families that measured fastest."""
+REFINE_FAMILIES = 2
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
 CONTENTION_BYTES = 64 * 2**20
@@ -89,8 +96,19 @@ class AutoPlan:
     """Rank 0's wall time for probing, profiling and simulating."""
     shortlist: Tuple[Tuple[Dict[str, Any], float], ...] = ()
     """The candidates measured on the running job, with their predictions (ms)."""
+    runners_up: Tuple[Tuple[Dict[str, Any], float], ...] = ()
+    """Per family (schedule, update), its next best predicted candidates: the
+    refinement measures REFINE_TRIALS of the fastest family's."""
+    refined: bool = False
     measured_ms: Tuple[float, ...] = ()
     """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
+
+    @property
+    def decided(self) -> bool:
+        """Every shortlisted candidate measured, refinement included (or only one to train with)."""
+        if len(self.shortlist) + len(self.runners_up) <= 1:
+            return True
+        return self.refined and len(self.measured_ms) == len(self.shortlist)
 
     @property
     def gain_over_default(self) -> float:
@@ -179,7 +197,7 @@ class AutoPlanner:
         if self.runtime.rank == 0:
             logger.info("%s", plan)
         self._train_with(plan.shortlist[0][0])
-        self._trying = len(plan.shortlist) > 1
+        self._trying = not plan.decided
         self._reference_ms = plan.predicted_ms
         self._start_measuring(skip=1 if self._trying else WARMUP)
 
@@ -226,11 +244,13 @@ class AutoPlanner:
         plan = self.plans[-1]
         plan = self.plans[-1] = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
         done = len(plan.measured_ms)
+        if done == len(plan.shortlist) and not plan.refined:
+            plan = self.plans[-1] = _refined(plan)
         if done < len(plan.shortlist):
             self._switch_to = plan.shortlist[done][0]
             self._start_measuring(skip=1)
             return
-        best = min(range(done), key=lambda i: plan.measured_ms[i])  # ties: the better predicted
+        best = min(range(done), key=lambda i: plan.measured_ms[i])  # ties: the earlier, better predicted
         options, predicted = plan.shortlist[best]
         plan = self.plans[-1] = dataclasses.replace(plan, options=options, predicted_ms=predicted)
         if self.runtime.rank == 0:
@@ -285,8 +305,10 @@ class AutoPlanner:
                 partition_mb=fixed("partition_mb", autotune.PARTITION_MB),
                 credit_mb=fixed("credit_mb", autotune.CREDIT_MB))
             keys = self.auto + (("update",) if self.update_free else ())
-            shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in _shortlist(result))
-            chosen = [AutoPlan(options=shortlist[0][0], shortlist=shortlist,
+            first, runners_up = _shortlist(result)
+            shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in first)
+            runners_up = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in runners_up)
+            chosen = [AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
                                predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                                candidates=len(result.candidates), step=self._steps, reason=reason,
                                network=network, profile=profile,
@@ -295,18 +317,32 @@ class AutoPlanner:
         return chosen[0]
 
 
-def _shortlist(result: autotune.Plan) -> List[autotune.Candidate]:
-    """What to measure: the best predicted candidate of each schedule and
-    update (the simulator's errors differ most between schedules), then the
-    next best overall, MAX_TRIALS at most, best predicted first."""
-    chosen, families = [], set()
+def _family(options: Dict[str, Any]) -> Tuple[Any, Any]:
+    """(schedule, update); None for one the planner was not free to choose."""
+    return options.get("schedule"), options.get("update")
+
+
+def _shortlist(result: autotune.Plan) -> Tuple[List[autotune.Candidate], List[autotune.Candidate]]:
+    """What to measure first: the best predicted candidate of each schedule
+    and update (the simulator's errors differ most between schedules),
+    MAX_TRIALS at most, best predicted first; and each family's next
+    REFINE_TRIALS best predicted, for the refinement."""
+    by_family: Dict[Tuple[str, str], List[autotune.Candidate]] = {}
     for candidate in result.candidates:  # fastest predicted first
-        family = (candidate.options["schedule"], candidate.options["update"])
-        if family not in families:
-            families.add(family)
-            chosen.append(candidate)
-    chosen += [c for c in result.candidates if all(c is not d for d in chosen)]
-    return sorted(chosen[:MAX_TRIALS], key=lambda c: c.predicted_ms)
+        by_family.setdefault(_family(candidate.options), []).append(candidate)
+    first = [group[0] for group in by_family.values()][:MAX_TRIALS]
+    runners_up = [c for group in by_family.values() for c in group[1:1 + REFINE_TRIALS]]
+    return first, runners_up
+
+
+def _refined(plan: AutoPlan) -> AutoPlan:
+    """After the first round: the runners-up of the fastest measured families join the shortlist."""
+    fastest = sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i])[:REFINE_FAMILIES]
+    extra = ()
+    for i in fastest:
+        family = _family(plan.shortlist[i][0])
+        extra += tuple(c for c in plan.runners_up if _family(c[0]) == family)[:REFINE_TRIALS]
+    return dataclasses.replace(plan, shortlist=plan.shortlist + extra, refined=True)
 
 
 def surrogate_loss(output: Any) -> torch.Tensor:
