@@ -26,7 +26,7 @@ import sys
 import types
 from pathlib import Path
 
-CONTROLS = ("ddp", "fsdp2")  # not dearcomm runs: not candidates
+CONTROLS = ("ddp", "fsdp2", "auto", "dear-bo")  # not fixed dearcomm runs: not candidates
 
 
 def is_candidate(name: str) -> bool:

@@ -136,6 +136,15 @@ def test_hand_computed_timeline_with_collectives_slowed_beside_compute(schedule,
     assert_timeline(COMM_SLOW, schedule, update, *EXPECTED_COMM_SLOWED[(schedule, update)])
 
 
+def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
+    # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
+    p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
+                          iterations=1)
+    waits = [(op["bucket"], op["wait_begin_ms"], op["wait_end_ms"]) for op in p.ops]
+    assert waits == [(2, pytest.approx(9), pytest.approx(9)), (1, pytest.approx(9), pytest.approx(11)),
+                     (0, pytest.approx(11), pytest.approx(13))], waits
+
+
 def test_replicated_updates_each_parameter_before_its_forward():
     p = dearcomm.simulate(PROFILE, schedule="dear", update="replicated", world_size=2, network=NETWORK, step_ms=2.0,
                           bucket_mb=0, iterations=2)

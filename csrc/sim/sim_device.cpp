@@ -89,12 +89,13 @@ void SimDevice::wait(const Op& op) {
   DEARCOMM_CORE_CHECK(it != in_flight_.end() && it->second.kind == op.kind, std::logic_error,
                       "dearcomm: internal error: the simulated device waits for ", to_string(op.kind), " of bucket ",
                       op.bucket, " (slot ", op.slot, "), which is not in flight");
+  const double wait_begin = now_;
   while (it->second.end_s < 0) {  // compute idles: the channel runs alone until this one is done
     advance(time_to_finish(1.0), 1.0);
   }
   SimOp done = it->second;
   in_flight_.erase(it);
-  done.wait_begin_s = now_;
+  done.wait_begin_s = wait_begin;
   now_ = std::max(now_, done.end_s);
   done.wait_end_s = now_;
   ops_.push_back(done);
