@@ -1,7 +1,10 @@
 """Measure this job's network in place: time the three collectives the
 schedules use on the training process group at a few sizes and fit the
 simulator's α–β line to them (dearcomm.fit_network), in about a second on a
-1 Gbit/s link. wrap()'s "auto" options start with it.
+1 Gbit/s link. wrap()'s "auto" options start with it. On a CPU they are
+dearcomm's own collectives over the group (the engine's: gloo's
+reduce-scatter and all-gather cost far more than dearcomm's, which are built
+from point-to-point transfers), on a GPU torch's over NCCL.
 
     fit = probe_network(group, torch.device("cpu"))
     print(fit.table())
@@ -18,6 +21,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from . import _C
 from .network_fit import NetworkFit, fit_network
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
@@ -25,8 +29,13 @@ PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 MiB), and the smallest shows the per-step latency α."""
 
 
-def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group) -> None:
-    if kind == "all_reduce":
+def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend) -> None:
+    if backend is not None:  # dearcomm's, as the engine issues them on a CPU
+        call = {"all_reduce": lambda: _C.all_reduce(backend, full),
+                "reduce_scatter": lambda: _C.reduce_scatter(backend, full, shard),
+                "all_gather": lambda: _C.all_gather(backend, shard, full)}[kind]
+        call().wait()
+    elif kind == "all_reduce":
         dist.all_reduce(full, group=group)
     elif kind == "reduce_scatter":
         dist.reduce_scatter_single(shard, full, group=group)
@@ -34,7 +43,7 @@ def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group) -> No
         dist.all_gather_single(full, shard, group=group)
 
 
-def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, repeats: int) -> float:
+def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend, repeats: int) -> float:
     """Median µs of ``repeats`` calls after one untimed call (connection set-up, allocation)."""
     cuda = full.is_cuda
     times = []
@@ -42,7 +51,7 @@ def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, repeats: i
         if cuda:
             torch.cuda.synchronize(full.device)
         start = time.perf_counter()
-        _collective(kind, full, shard, group)
+        _collective(kind, full, shard, group, backend)
         if cuda:
             torch.cuda.synchronize(full.device)
         if i:
@@ -58,6 +67,7 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     group = group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
+    backend = _C.process_group_backend(group) if device.type == "cpu" else None
     rows = []
     for nbytes in sizes:
         numel = max(world_size, nbytes // 4 // world_size * world_size)  # divisible: the shard is numel / p
@@ -65,7 +75,7 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
         for kind in ("reduce_scatter", "all_gather", "all_reduce"):
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size,
-                             time_us=_timed(kind, full, shard, group, repeats)))
+                             time_us=_timed(kind, full, shard, group, backend, repeats)))
     shared = [rows if rank == 0 else None]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
     return fit_network(shared[0])
