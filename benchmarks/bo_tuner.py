@@ -21,8 +21,9 @@ import statistics
 import time
 from typing import Callable, List, Tuple
 
-import torch.distributed as dist
 from bayes_opt import BayesianOptimization
+
+from dearcomm._rank0 import rank0s
 
 TRIALS = 10
 LOW_MB, HIGH_MB = 1.0, 64.0
@@ -70,8 +71,6 @@ def live_measure(model, run_iteration: Callable[[], None], iters: int) -> Callab
             run_iteration()
             times.append(time.perf_counter() - start)
         model.sync()
-        median = [statistics.median(times)]
-        dist.broadcast_object_list(median, src=0)
-        return median[0]
+        return rank0s(statistics.median(times), None)
 
     return measure

@@ -40,7 +40,6 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from . import autotune
@@ -49,6 +48,7 @@ from .contention import measure_contention
 from .prediction import Network
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
+from ._rank0 import rank0s
 from ._runtime import _weak_hook
 
 logger = logging.getLogger("dearcomm")
@@ -114,16 +114,20 @@ class AutoPlan:
     def gain_over_default(self) -> float:
         return self.default_ms / self.predicted_ms
 
+    def describe(self) -> str:
+        """The chosen options, as wrap()'s keyword arguments."""
+        return _describe(self.options)
+
     def __str__(self) -> str:
-        chosen = _describe(self.options)
         trials = ""
         if self.measured_ms:
             trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
                                                in zip(self.shortlist, self.measured_ms))
-        return (f"dearcomm auto ({self.reason}): {chosen} -> {self.predicted_ms:.2f} ms per iteration predicted, "
-                f"{self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); {self.candidates} "
-                f"candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward {self.profile.forward_ms:.1f} ms, backward "
-                f"{self.profile.backward_ms:.1f} ms, step {self.profile.step_ms:.1f} ms) and probed network "
+        return (f"dearcomm auto ({self.reason}): {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
+                f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
+                f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward "
+                f"{self.profile.forward_ms:.1f} ms, backward {self.profile.backward_ms:.1f} ms, step "
+                f"{self.profile.step_ms:.1f} ms) and probed network "
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
                 f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
                 f"{self.network.comm_slowdown:.2f}x slower beside compute)" + trials)
@@ -134,8 +138,8 @@ def _describe(options: Dict[str, Any]) -> str:
 
 
 def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
-    """wrap()'s values of AUTO_OPTIONS -> (the values to start with, the names
-    that are "auto"). An "auto" starts at wrap()'s default."""
+    """wrap()'s values of (some of) AUTO_OPTIONS -> (the values to start
+    with, the names that are "auto"). An "auto" starts at wrap()'s default."""
     defaults = {f.name: f.default for f in dataclasses.fields(WrapOptions) if f.name in AUTO_OPTIONS}
     start, auto = {}, []
     for name, value in values.items():
@@ -147,7 +151,7 @@ def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[st
     if auto and blocks:
         raise ValueError(f"dearcomm: {'/'.join(auto)}='auto' cannot be combined with blocks: blocks fix the layout, "
                          "which the planner's simulation does not know")
-    if "schedule" in auto and start["credit_mb"] is not None:
+    if "schedule" in auto and start.get("credit_mb") is not None:
         raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
                          "'auto' (the planner sets it where it picks bytescheduler)")
     return start, tuple(auto)
@@ -236,9 +240,7 @@ class AutoPlanner:
 
     def _agreed_median(self) -> float:
         """Rank 0's median of the iterations measured: every rank decides alike."""
-        median = [statistics.median(self._iteration_ms)]
-        dist.broadcast_object_list(median, src=dist.get_global_rank(self.runtime.group, 0), group=self.runtime.group)
-        return median[0]
+        return rank0s(statistics.median(self._iteration_ms), self.runtime.group)
 
     def _trial_ended(self, measured: float) -> None:
         plan = self.plans[-1]
@@ -293,7 +295,7 @@ class AutoPlanner:
 
     def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
-        chosen = [None]
+        chosen = None
         if runtime.rank == 0:
             options = runtime.options
             fixed = lambda name, grid: grid if name in self.auto else (getattr(options, name),)  # noqa: E731
@@ -308,13 +310,11 @@ class AutoPlanner:
             first, runners_up = _shortlist(result)
             shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in runners_up)
-            chosen = [AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
-                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
-                               candidates=len(result.candidates), step=self._steps, reason=reason,
-                               network=network, profile=profile,
-                               planning_s=time.perf_counter() - started)]
-        dist.broadcast_object_list(chosen, src=dist.get_global_rank(runtime.group, 0), group=runtime.group)
-        return chosen[0]
+            chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
+                              predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
+                              candidates=len(result.candidates), step=self._steps, reason=reason,
+                              network=network, profile=profile, planning_s=time.perf_counter() - started)
+        return rank0s(chosen, runtime.group)
 
 
 def _family(options: Dict[str, Any]) -> Tuple[Any, Any]:

@@ -1,7 +1,6 @@
 """dearcomm.wrap(): validation, initial broadcast, and installation."""
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -122,12 +121,11 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    start, auto = split_auto(dict(bucket_mb=bucket_mb, partition_mb=partition_mb, credit_mb=credit_mb,
-                                  schedule=schedule), blocks)
-    options = WrapOptions(**start, blocks=blocks, update=update, process_group=process_group,
-                          timeout=timeout, find_unused_parameters=find_unused_parameters,
-                          max_grad_norm=max_grad_norm, comm_dtype=comm_dtype,
-                          broadcast_buffers=broadcast_buffers)
+    options, auto = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
+                                    credit_mb=credit_mb, schedule=schedule, update=update,
+                                    process_group=process_group, timeout=timeout,
+                                    find_unused_parameters=find_unused_parameters, max_grad_norm=max_grad_norm,
+                                    comm_dtype=comm_dtype, broadcast_buffers=broadcast_buffers)
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "dearcomm: torch.distributed is not initialized; call "
@@ -151,13 +149,13 @@ def wrap(
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
 
 
-def check_options(**options) -> None:
-    """wrap()'s keyword options checked without a model or a process group
-    ("auto" included): the integrations refuse a bad one before they start."""
-    defaults = {f.name: f.default for f in dataclasses.fields(WrapOptions) if f.name in AUTO_OPTIONS}
-    start, _ = split_auto({name: options.pop(name, default) for name, default in defaults.items()},
-                          options.get("blocks"))
-    WrapOptions(**start, **options)
+def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...]]:
+    """wrap()'s keyword options ("auto" included) -> the options to start
+    with and the names that are "auto"; a bad one raises, without a model or
+    a process group (the integrations check theirs with it before they start)."""
+    start, auto = split_auto({name: options.pop(name) for name in AUTO_OPTIONS if name in options},
+                             options.get("blocks"))
+    return WrapOptions(**start, **options), auto
 
 
 def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._rank0 import rank0s
 from .network_fit import NetworkFit, fit_network
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
@@ -31,10 +32,12 @@ MiB), and the smallest shows the per-step latency α."""
 
 def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend) -> None:
     if backend is not None:  # dearcomm's, as the engine issues them on a CPU
-        call = {"all_reduce": lambda: _C.all_reduce(backend, full),
-                "reduce_scatter": lambda: _C.reduce_scatter(backend, full, shard),
-                "all_gather": lambda: _C.all_gather(backend, shard, full)}[kind]
-        call().wait()
+        if kind == "all_reduce":
+            _C.all_reduce(backend, full).wait()
+        elif kind == "reduce_scatter":
+            _C.reduce_scatter(backend, full, shard).wait()
+        else:
+            _C.all_gather(backend, shard, full).wait()
     elif kind == "all_reduce":
         dist.all_reduce(full, group=group)
     elif kind == "reduce_scatter":
@@ -76,6 +79,4 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         for kind in ("reduce_scatter", "all_gather", "all_reduce"):
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size,
                              time_us=_timed(kind, full, shard, group, backend, repeats)))
-    shared = [rows if rank == 0 else None]
-    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
-    return fit_network(shared[0])
+    return fit_network(rank0s(rows if rank == 0 else None, group))

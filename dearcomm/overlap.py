@@ -142,8 +142,8 @@ class OverlapMonitor:
             self.report = overlap_of(self._events, self._boundaries, f"{options.schedule}/{options.update}")
             plans = runtime.auto.plans if runtime.auto is not None else []
             if plans:
-                chosen = " ".join(f"{k}={v}" for k, v in plans[-1].options.items() if v is not None)
-                self.report = dataclasses.replace(self.report, best_plan=chosen, best_plan_ms=plans[-1].predicted_ms)
+                self.report = dataclasses.replace(self.report, best_plan=plans[-1].describe(),
+                                                  best_plan_ms=plans[-1].predicted_ms)
             self._events = []
             if self._log and runtime.rank == 0:
                 logger.info("%s", self.report)

@@ -19,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, DynamoBackend
 
 import dearcomm
-from dearcomm._wrap import check_options
+from dearcomm._wrap import resolve_options
 
 from .checkpoints import copy_weights_when_saving
 from .clipping import route_clipping
@@ -39,7 +39,7 @@ def prepare(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.o
     Accelerate's wrapper around dearcomm's. ``accelerator.clip_grad_norm_(
     model.parameters(), m)`` clips through dearcomm (clipping.py).
     """
-    check_options(**options)  # a bad option fails before anything is moved or wrapped
+    resolve_options(**options)  # a bad option fails before anything is moved or wrapped
     if accelerator.distributed_type not in _DATA_PARALLEL:
         raise NotImplementedError(
             f"dearcomm: prepare() replaces DDP, which Accelerate uses with several CPU processes or GPUs "

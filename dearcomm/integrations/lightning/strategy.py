@@ -42,7 +42,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 import dearcomm
 from dearcomm import DearModule
-from dearcomm._wrap import check_options
+from dearcomm._wrap import resolve_options
 
 from . import precision
 
@@ -83,7 +83,7 @@ class DearStrategy(DDPStrategy):
             bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb, schedule=schedule,
             update=update, find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype,
             broadcast_buffers=broadcast_buffers)
-        check_options(**self._dear_options)  # a bad option fails here, before any process starts
+        resolve_options(**self._dear_options)  # a bad option fails here, before any process starts
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
