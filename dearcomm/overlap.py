@@ -50,8 +50,11 @@ class OverlapReport:
 
     @property
     def hidden(self) -> float:
-        """The share of communication that ran beside compute (1: all of it)."""
-        return 1.0 - self.exposed_ms / self.communication_ms if self.communication_ms > 0 else 1.0
+        """The share of communication that ran beside compute (1: all of it).
+        Exposed time counts the finishing work after a collective completes
+        (averaging, unpacking), so on a fast link it can exceed the time in
+        flight: none of it was hidden then, not less than none."""
+        return max(0.0, 1.0 - self.exposed_ms / self.communication_ms) if self.communication_ms > 0 else 1.0
 
     @property
     def bound_ms(self) -> float:
