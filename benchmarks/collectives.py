@@ -27,6 +27,7 @@ from common import Table, human_bytes, init, iterations_for, median_seconds, wri
 
 import dearcomm
 from dearcomm import _C, _cuda
+from dearcomm._torch_collectives import all_gather_single, reduce_scatter_single
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
@@ -48,11 +49,11 @@ def make_op(op, impl, backend, numel, dtype, device):
     out_full, out_part = torch.empty_like(full), torch.empty_like(part)
     total = p * (p + 1) / 2
     if op == "reduce_scatter":
-        run = ((lambda: dist.reduce_scatter_single(out_part, full)) if impl == "torch"
+        run = ((lambda: reduce_scatter_single(out_part, full)) if impl == "torch"
                else (lambda: _C.reduce_scatter(backend, full, out_part).wait()))
         check = lambda: (out_part != total).sum().item()  # noqa: E731
     elif op == "all_gather":
-        run = ((lambda: dist.all_gather_single(out_full, part)) if impl == "torch"
+        run = ((lambda: all_gather_single(out_full, part)) if impl == "torch"
                else (lambda: _C.all_gather(backend, part, out_full).wait()))
         expected = torch.arange(1, p + 1, dtype=dtype, device=device).repeat_interleave(shard)
         check = lambda: (out_full != expected).sum().item()  # noqa: E731

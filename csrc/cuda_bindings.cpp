@@ -47,4 +47,8 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("fused_copy", &fused_copy, py::arg("sources"), py::arg("destinations"), py::arg("scale") = 1.0,
         py::call_guard<py::gil_scoped_release>(),
         "destinations[i] = cast(scale * sources[i]); contiguous fp32/fp16/bf16 pairs in one kernel launch.");
+  m.def("pack_into", &pack_into, py::arg("sources"), py::arg("offsets"), py::arg("flat"), py::arg("scale") = 1.0,
+        py::call_guard<py::gil_scoped_release>(), "The NCCL backend's pack: flat[offsets[i]:] = cast(scale * sources[i]).");
+  m.def("unpack_from", &unpack_from, py::arg("flat"), py::arg("offsets"), py::arg("destinations"),
+        py::call_guard<py::gil_scoped_release>(), "The NCCL backend's unpack: destinations[i] = flat[offsets[i]:].");
 }

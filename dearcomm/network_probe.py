@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._rank0 import rank0s
+from ._torch_collectives import all_gather_single, reduce_scatter_single
 from .network_fit import NetworkFit, fit_network
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
@@ -41,9 +42,9 @@ def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backe
     elif kind == "all_reduce":
         dist.all_reduce(full, group=group)
     elif kind == "reduce_scatter":
-        dist.reduce_scatter_single(shard, full, group=group)
+        reduce_scatter_single(shard, full, group=group)
     else:
-        dist.all_gather_single(full, shard, group=group)
+        all_gather_single(full, shard, group=group)
 
 
 def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend, repeats: int) -> float:

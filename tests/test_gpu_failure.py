@@ -3,6 +3,7 @@ times out (bounded, no hang), a killed peer ends the job, the watchdog's
 timeout is the process group's, and nothing outlives a dropped wrap: CUDA
 memory, threads, events, contexts on other GPUs."""
 import datetime
+import faulthandler
 import os
 import time
 
@@ -41,6 +42,9 @@ def _stalled(rank, world_size, mode):
     model = small_model(device)
     model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                      timeout=datetime.timedelta(seconds=1))
+    # Where the training thread is while the stall lasts: if the error comes
+    # late, the captured stderr shows which call held it.
+    faulthandler.dump_traceback_later(4.0, repeat=False)
     start = time.monotonic()
     try:
         for _ in range(50):
@@ -50,6 +54,8 @@ def _stalled(rank, world_size, mode):
             time.sleep(0.1)
     except RuntimeError as e:
         return str(e), time.monotonic() - start
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     return None, time.monotonic() - start
 
 

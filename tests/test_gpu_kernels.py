@@ -67,3 +67,31 @@ def test_unpack_direction_and_strided_fallback():
 def test_mismatched_pairs_are_named():
     with pytest.raises(ValueError, match="pair 0 has 3 and 4 elements"):
         _C_cuda.fused_copy([torch.zeros(3, device="cuda")], [torch.zeros(4, device="cuda")])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bucket_pack_and_unpack_address_slots_by_offset(dtype):
+    """The backend's pack/unpack compute each slot from its offset (no view per
+    tensor): every element lands at its offset and nothing else is written;
+    a strided tensor takes the ATen fallback; a slot past the end is named."""
+    torch.manual_seed(0)
+    sizes = [3, 17, 4099, 1]
+    sources = [torch.randn(n, device="cuda") for n in sizes]
+    sources[1] = torch.randn(17, 2, device="cuda")[:, 0]  # strided
+    offsets = [1, 9, 40, 5000]
+    flat = torch.full((5003,), float("nan"), dtype=dtype, device="cuda")
+    _C_cuda.pack_into(sources, offsets, flat, 0.5)
+    torch.cuda.synchronize()
+    for source, offset in zip(sources, offsets):
+        torch.testing.assert_close(flat[offset:offset + source.numel()], expected(source, dtype, 0.5), rtol=0, atol=0)
+    assert torch.isnan(flat.float()).sum().item() == flat.numel() - sum(sizes), "wrote outside the slots"
+    back = [torch.empty(n, dtype=dtype, device="cuda") for n in sizes]
+    back[2] = torch.empty(4099, 2, dtype=dtype, device="cuda")[:, 0]  # strided
+    _C_cuda.unpack_from(flat, offsets, back)
+    torch.cuda.synchronize()
+    for out, offset in zip(back, offsets):
+        torch.testing.assert_close(out, flat[offset:offset + out.numel()], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="tensor 0 .4 elements at offset 5000. does not fit the bucket of 5003"):
+        _C_cuda.pack_into([torch.zeros(4, device="cuda")], [5000], flat)
+    with pytest.raises(ValueError, match="got 1 tensors and 2 offsets"):
+        _C_cuda.unpack_from(flat, [0, 1], [back[0]])

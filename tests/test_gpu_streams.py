@@ -101,7 +101,7 @@ def parity_worker(rank, world_size, configs, env):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda", torch.cuda.current_device())
-    delay = int(0.05 * cycles_per_second())  # 50 ms: longer than any kernel here
+    delay = int(0.005 * cycles_per_second())  # 5 ms: far longer than any kernel of these small models
     for key in ("DEARCOMM_DEBUG_STREAM_DELAY_CYCLES", "DEARCOMM_DEBUG_COMPUTE_DELAY_CYCLES"):
         if os.environ.get(key) == "auto":
             os.environ[key] = str(delay)

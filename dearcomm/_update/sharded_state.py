@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
+from .._torch_collectives import all_gather_single
 from .base import hyperparameters
 
 
@@ -92,7 +93,7 @@ def consolidate(update) -> Dict[str, Any]:
                     start = piece.bucket_offset - base
                     shard[start:start + piece.master.numel()] = value.reshape(-1)
             full = torch.empty(spec.padded_numel, dtype=dtype, device=device)
-            dist.all_gather_single(full, shard, group=group)
+            all_gather_single(full, shard, group=group)
             assemble_params(layout, b, full, flats)
         for i, flat in flats.items():
             full_state.setdefault(i, {})[key] = flat.view(runtime.params[i].shape)

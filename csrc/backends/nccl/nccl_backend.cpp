@@ -383,27 +383,12 @@ std::unique_ptr<PendingCollective> NcclBackend::all_reduce(const at::Tensor& buf
 
 void NcclBackend::pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
                        const at::Tensor& flat, double scale) {
-  std::vector<at::Tensor> slots;
-  slots.reserve(sources.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    slots.push_back(flat.narrow(0, offsets[i], sources[i].numel()));
-  }
-  std::vector<at::Tensor> flat_sources;
-  flat_sources.reserve(sources.size());
-  for (const at::Tensor& s : sources) {
-    flat_sources.push_back(s.is_contiguous() ? s.view(-1) : s.contiguous().view(-1));
-  }
-  fused_copy(flat_sources, slots, scale);
+  pack_into(sources, offsets, flat, scale);
 }
 
 void NcclBackend::unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
                          const std::vector<at::Tensor>& destinations) {
-  std::vector<at::Tensor> slots;
-  slots.reserve(destinations.size());
-  for (size_t i = 0; i < destinations.size(); ++i) {
-    slots.push_back(flat.narrow(0, offsets[i], destinations[i].numel()).view(destinations[i].sizes()));
-  }
-  fused_copy(slots, destinations);
+  unpack_from(flat, offsets, destinations);
 }
 
 }  // namespace dearcomm
