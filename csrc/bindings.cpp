@@ -123,6 +123,7 @@ py::list schedules() {
     entry["default_update"] = info.default_update;
     entry["default_partition_bytes"] = info.default_partition_bytes;  // kNoPartition (INT64_MAX): never split
     entry["default_credit_bytes"] = info.default_credit_bytes;        // 0: no credit
+    entry["takes_priorities"] = info.takes_priorities;                // wrap(priorities=) applies
     out.append(entry);
   }
   return out;
@@ -140,9 +141,11 @@ py::list as_python(const std::vector<Op>& ops) {
 // at each event, as [(event, [(collective, bucket), ...]), ...].
 py::dict policy_ops(const std::string& schedule, const std::string& update,
                     const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& eligible_order,
-                    int64_t credit_bytes, const std::vector<int64_t>& drained) {
+                    int64_t credit_bytes, const std::vector<int64_t>& drained,
+                    const std::vector<int64_t>& priorities) {
   std::unique_ptr<SchedulePolicy> policy =
       resolve_schedule(schedule, update, credit_bytes ? std::optional<int64_t>(credit_bytes) : std::nullopt)
+          .with_bucket_priorities(priorities)
           .make_policy();
   py::list events;
   policy->begin_iteration(bucket_bytes, drained);
@@ -178,9 +181,10 @@ PYBIND11_MODULE(_C, m) {
   register_simulate(m, &to_scalar_type);
   m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
       py::arg("bucket_bytes"), py::arg("eligible_order"), py::arg("credit_bytes") = 0,
-      py::arg("drained") = std::vector<int64_t>{},
+      py::arg("drained") = std::vector<int64_t>{}, py::arg("priorities") = std::vector<int64_t>{},
       "The ops a schedule policy returns at each event of one iteration (no processes, no tensors); "
-      "`drained`: the link model, bytes the link sends before each eligibility event (empty: none).");
+      "`drained`: the link model, bytes the link sends before each eligibility event (empty: none); "
+      "`priorities`: per bucket, for a schedule that takes them.");
   py::class_<LinkMeter>(m.attr("_testing").cast<py::module>(), "LinkMeter",
       "engine/link_meter.h on its own: one rank's measurements and the model from summed figures.")
       .def(py::init<int64_t>(), py::arg("num_ticks"))
@@ -219,6 +223,10 @@ PYBIND11_MODULE(_C, m) {
                              "partition_mb=None means this; INT64_MAX: never split.")
       .def_property_readonly("credit_bytes", [](const ScheduleChoice& c) { return c.config.credit_bytes; },
                              "The policy's credit, the schedule's default filled in (0: the schedule has none).")
+      .def_property_readonly("bucket_priorities", [](const ScheduleChoice& c) { return c.config.bucket_priorities; },
+                             "Per bucket, lower goes first; [] where the schedule's own order applies.")
+      .def("with_bucket_priorities", &ScheduleChoice::with_bucket_priorities, py::arg("priorities"),
+           "This choice with per-bucket priorities (a planner's order); ValueError for a schedule without them.")
       .def("__repr__", [](const ScheduleChoice& c) {
         return "ScheduleChoice(schedule='" + c.schedule->name + "', update='" + c.update->name +
             "', credit_bytes=" + std::to_string(c.config.credit_bytes) + ")";
@@ -228,12 +236,13 @@ PYBIND11_MODULE(_C, m) {
       .def("__deepcopy__", [](const ScheduleChoice& c, const py::dict&) { return c; }, py::arg("memo"))
       .def(py::pickle(
           [](const ScheduleChoice& c) {
-            return py::make_tuple(c.schedule->name, c.update->name, c.config.credit_bytes);
+            return py::make_tuple(c.schedule->name, c.update->name, c.config.credit_bytes, c.config.bucket_priorities);
           },
           [](const py::tuple& state) {
             const int64_t credit = state[2].cast<int64_t>();
             return resolve_schedule(state[0].cast<std::string>(), state[1].cast<std::string>(),
-                                    credit > 0 ? std::optional<int64_t>(credit) : std::nullopt);
+                                    credit > 0 ? std::optional<int64_t>(credit) : std::nullopt)
+                .with_bucket_priorities(state[3].cast<std::vector<int64_t>>());
           }));
   m.def("resolve_schedule", &resolve_schedule, py::arg("schedule"), py::arg("update") = py::none(),
         py::arg("credit_bytes") = py::none(),

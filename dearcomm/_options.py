@@ -10,12 +10,14 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._priorities import checked_priorities
 
 # The C++ schedule registry is the one list of schedules, their updates and
 # options; WrapOptions resolves the user's names against it once (choice).
 _REGISTRY = _C.schedules()
 SCHEDULES = tuple(entry["name"] for entry in _REGISTRY)
 UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY for u in entry["updates"]))
+_TAKES_PRIORITIES = {entry["name"]: entry["takes_priorities"] for entry in _REGISTRY}
 INT64_MAX = 2**63 - 1
 
 
@@ -46,6 +48,13 @@ class WrapOptions:
     its pieces are taken as given (partition_mb does not apply to them); the
     others are bucketed as usual. Every rank must pass the same blocks."""
 
+    priorities: Optional[Mapping[str, int]] = None
+    """schedule="usbyte" only: the order in which ready buckets go, as a
+    planner chose it (dearcomm.usbyte): parameter name -> rank, lower first.
+    A bucket takes the lowest rank of its parameters; unnamed parameters come
+    after every named one; ties go input side first. None: input side first.
+    Every rank must pass the same priorities."""
+
     credit_mb: Optional[float] = None
     """schedule="bytescheduler" only: the credit, in MiB: how many bytes of
     all-reduces may be in flight. A ready all-reduce goes, most urgent
@@ -63,7 +72,9 @@ class WrapOptions:
     "wfbp": bucketed all-reduce during backward, finished when backward returns
     (DDP's schedule). "bytescheduler": partitioned all-reduce under a priority
     queue and a credit, each parameter updated in the next forward once its
-    partitions are reduced. dearcomm._C.schedules() lists every schedule."""
+    partitions are reduced. "usbyte": all-reduce in a planner's unequal blocks
+    (blocks, priorities; dearcomm.usbyte plans them), one at a time, updated
+    as bytescheduler. dearcomm._C.schedules() lists every schedule."""
 
     update: Optional[str] = None
     """"sharded": each rank updates its 1/p shard of fp32 master parameters and the
@@ -115,6 +126,8 @@ class WrapOptions:
         _check_positive_mib_or_none("partition_mb", self.partition_mb)
         if self.blocks is not None:
             object.__setattr__(self, "blocks", _checked_blocks(self.blocks))  # a copy: later edits don't count
+        if self.priorities is not None:
+            object.__setattr__(self, "priorities", checked_priorities(self.priorities))
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
         for name in ("schedule", "update"):
             value = getattr(self, name)
@@ -124,6 +137,10 @@ class WrapOptions:
                                      None if self.credit_mb is None else max(1, _mib_to_bytes(self.credit_mb)))
         object.__setattr__(self, "choice", choice)
         object.__setattr__(self, "update", choice.update)
+        if self.priorities and not _TAKES_PRIORITIES[self.schedule]:
+            takers = " or ".join(f"schedule={n!r}" for n, takes in _TAKES_PRIORITIES.items() if takes)
+            raise ValueError(f"dearcomm: schedule={self.schedule!r} issues in its own order; priorities apply to "
+                             f"{takers}")
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")

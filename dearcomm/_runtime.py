@@ -43,6 +43,7 @@ from torch import nn
 
 from . import _C, _cuda
 from ._options import WrapOptions
+from ._priorities import bucket_priorities
 from .overlap import OverlapMonitor
 from ._update import strategy_class
 from ._weak import weakly
@@ -317,9 +318,11 @@ class DearRuntime:
         the errors can give names, which the planner's cannot)."""
         blocks = self.options.blocks or {}
         params = {name: p for p, name in self.names.items()}
-        unknown = sorted(set(blocks) - set(params))
-        if unknown:
-            raise ValueError(f"dearcomm: blocks names {unknown}, which are not trainable parameters of the module")
+        for option in ("blocks", "priorities"):
+            unknown = sorted(set(getattr(self.options, option) or {}) - set(params))
+            if unknown:
+                raise ValueError(f"dearcomm: {option} names {unknown}, which are not trainable parameters of the "
+                                 f"module")
         for name, pieces in blocks.items():
             p = params[name]
             unit = _C.partition_unit(self.world_size, p.dtype)
@@ -359,9 +362,13 @@ class DearRuntime:
         )
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
+        choice = self.options.choice
+        if self.options.priorities:
+            ranks = [self.options.priorities.get(name) for name in names]
+            choice = choice.with_bucket_priorities(bucket_priorities(layout, ranks))
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
-            self.options.choice, self.timeout.total_seconds(), backend, self.options.comm_dtype,
+            choice, self.timeout.total_seconds(), backend, self.options.comm_dtype,
             grad_views_enabled(),
         )
         self._reported = completion_of(layout)

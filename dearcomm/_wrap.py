@@ -24,6 +24,7 @@ def wrap(
     bucket_mb: Union[float, str] = 25.0,
     partition_mb: Union[float, str, None] = None,
     blocks: Optional[Mapping[str, Sequence[int]]] = None,
+    priorities: Optional[Mapping[str, int]] = None,
     credit_mb: Union[float, str, None] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
@@ -85,6 +86,9 @@ def wrap(
             {parameter name: element counts of its consecutive pieces}, one
             bucket each; all but the last a multiple of
             dearcomm._C.partition_unit(world_size, dtype). Default: none.
+        priorities: schedule="usbyte" only: {parameter name: rank}, lower
+            goes first (a planner's order, dearcomm.usbyte); default: input
+            side first.
         credit_mb: schedule="bytescheduler" only: MiB of all-reduces that may be
             in flight (default 64, the paper's); more wait in a priority queue,
             input side first. In flight is modelled from a link rate and tick
@@ -94,7 +98,7 @@ def wrap(
             (at most one partition in flight) was fastest, 8 and 16 slower
             where one large layer dominates (docs/benchmarks.md); the
             defaults leave the queue empty.
-        schedule: "dear" (default), "wfbp" or "bytescheduler".
+        schedule: "dear" (default), "wfbp", "bytescheduler" or "usbyte".
 
         "auto" (schedule, bucket_mb, partition_mb, credit_mb): chosen for this
             job by simulation at the first training forward: every rank times
@@ -122,7 +126,7 @@ def wrap(
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
     options, auto = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
-                                    credit_mb=credit_mb, schedule=schedule, update=update,
+                                    priorities=priorities, credit_mb=credit_mb, schedule=schedule, update=update,
                                     process_group=process_group, timeout=timeout,
                                     find_unused_parameters=find_unused_parameters, max_grad_norm=max_grad_norm,
                                     comm_dtype=comm_dtype, broadcast_buffers=broadcast_buffers)
@@ -195,7 +199,8 @@ def _layout_options(options: WrapOptions) -> dict:
     """The options every rank must share: they decide the buckets and collectives."""
     blocks = {name: list(pieces) for name, pieces in (options.blocks or {}).items()}  # already plain ints
     return dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
-                partition_mb=options.partition_mb, blocks=blocks, credit_mb=options.credit_mb,
+                partition_mb=options.partition_mb, blocks=blocks, priorities=dict(options.priorities or {}),
+                credit_mb=options.credit_mb,
                 comm_dtype=str(options.comm_dtype))
 
 

@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from ._options import WrapOptions
+from ._priorities import bucket_priorities
 
 KINDS = ("reduce_scatter", "all_gather", "all_reduce")
 
@@ -135,12 +136,18 @@ def _check_number(name: str, value, allow_zero: bool, allow_inf: bool = False) -
 def simulate(profile, *, world_size: int, network: Network, schedule: str = "dear",
              update: Optional[str] = None, step_ms: Optional[float] = None, bucket_mb: float = 25.0,
              partition_mb: Optional[float] = None, credit_mb: Optional[float] = None,
-             comm_dtype: Optional[torch.dtype] = None, iterations: int = 3) -> Prediction:
+             comm_dtype: Optional[torch.dtype] = None, iterations: int = 3,
+             blocks: Optional[Sequence[Sequence[int]]] = None,
+             priorities: Optional[Sequence[Optional[int]]] = None) -> Prediction:
     """Runs ``iterations`` iterations of ``schedule`` on the simulated device
     and returns the prediction. ``profile``: a dearcomm.TrainingProfile
     (dearcomm.profile() measures one) or a list of ModuleProfile.
     ``step_ms``: the optimizer over the whole model on one rank (a sharded
-    update takes 1/world_size of it); default: the TrainingProfile's, else 0."""
+    update takes 1/world_size of it); default: the TrainingProfile's, else 0.
+    ``blocks`` and ``priorities``: wrap()'s, by parameter position (the
+    profile's parameters in order) instead of by name: per parameter its
+    pieces ([] or absent: none) and its rank (None: after every ranked one);
+    dearcomm.usbyte's plans give both."""
     from .profiler import TrainingProfile
 
     if isinstance(profile, TrainingProfile):
@@ -171,14 +178,24 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
     if not numels:
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
-    layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes)
+    per_param = [list(b) for b in blocks] if blocks is not None else []
+    if per_param and len(per_param) != len(numels):
+        raise ValueError(f"dearcomm: blocks has {len(per_param)} entries; the profile has {len(numels)} parameters")
+    layout = _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes,
+                             per_param)
+    choice = options.choice
+    if priorities is not None:
+        if len(priorities) != len(numels):
+            raise ValueError(f"dearcomm: priorities has {len(priorities)} entries; the profile has {len(numels)} "
+                             f"parameters")
+        choice = choice.with_bucket_priorities(bucket_priorities(layout, list(priorities)))
     costs = network.costs()
     for name in ("compute_slowdown", "comm_slowdown"):
         factor = getattr(network, name)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
                 or factor < 1:
             raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
-    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, options.choice, costs, iterations,
+    raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown))
     ms = 1e3
 

@@ -106,4 +106,18 @@ ScheduleChoice resolve_schedule(const std::string& schedule, const std::optional
   return choice;
 }
 
+ScheduleChoice ScheduleChoice::with_bucket_priorities(std::vector<int64_t> priorities) const {
+  std::vector<std::string> takers;
+  for (const ScheduleInfo& info : schedule_registry()) {
+    if (info.takes_priorities) {
+      takers.push_back("schedule=" + quoted(info.name));
+    }
+  }
+  TORCH_CHECK_VALUE(priorities.empty() || schedule->takes_priorities, "dearcomm: schedule=", quoted(schedule->name),
+                    " issues in its own order; priorities apply to ", joined(takers, " or "));
+  ScheduleChoice out = *this;
+  out.config.bucket_priorities = std::move(priorities);
+  return out;
+}
+
 }  // namespace dearcomm

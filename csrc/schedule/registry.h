@@ -24,6 +24,9 @@ struct UpdateOption {
 // A schedule's tunables (wrap(credit_mb=...)); 0 where the schedule has none.
 struct PolicyConfig {
   int64_t credit_bytes = 0;
+  // Per bucket, lower goes first (a planner's order, from wrap(priorities=)
+  // through the layout); empty: bucket order, input side first.
+  std::vector<int64_t> bucket_priorities;
 };
 
 struct ScheduleInfo {
@@ -35,6 +38,7 @@ struct ScheduleInfo {
   // wrap(partition_mb=None) means this; INT64_MAX: never split (the planner's kNoPartition)
   int64_t default_partition_bytes = INT64_MAX;
   int64_t default_credit_bytes = 0;                // 0: the schedule has no credit
+  bool takes_priorities = false;                   // it queues buckets by PolicyConfig::bucket_priorities
 };
 
 const std::vector<ScheduleInfo>& schedule_registry();
@@ -47,6 +51,9 @@ struct ScheduleChoice {
   PolicyConfig config;
 
   std::unique_ptr<SchedulePolicy> make_policy() const { return schedule->make(update->strategy, config); }
+  // This choice with a planner's per-bucket priorities (lower goes first);
+  // ValueError for a schedule that does not queue by priority.
+  ScheduleChoice with_bucket_priorities(std::vector<int64_t> priorities) const;
 };
 
 // Raises ValueError for an unknown name or a credit the schedule has no use

@@ -1,0 +1,42 @@
+"""wrap(priorities=) on a bucket layout: the per-bucket order a queueing
+schedule (usbyte) issues in. One function for the engine and the simulator,
+so a prediction issues what training issues."""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Dict, List, Mapping, Optional, Sequence
+
+
+def checked_priorities(priorities) -> Dict[str, int]:
+    """A copy with plain ints, or an error naming the entry."""
+    if not isinstance(priorities, Mapping):
+        raise TypeError(f"dearcomm: priorities must map parameter names to ranks (int, lower goes first), "
+                        f"got {type(priorities).__name__}")
+    checked = {}
+    for name, rank in priorities.items():
+        if not isinstance(name, str):
+            raise TypeError(f"dearcomm: priorities keys must be parameter names (str), got {name!r}")
+        try:
+            checked[name] = operator.index(rank) if not isinstance(rank, bool) else None
+        except TypeError:
+            checked[name] = None
+        if checked[name] is None:
+            raise ValueError(f"dearcomm: priorities[{name!r}] must be an int rank (lower goes first), got {rank!r}")
+    return checked
+
+
+def bucket_priorities(layout, param_ranks: Sequence[Optional[int]]) -> List[int]:
+    """Per bucket, its position in issue order: a bucket takes the lowest rank
+    of its parameters (None: after every ranked one); ties go input side
+    first (bucket order), so the pieces of one parameter keep their order."""
+    def key(b: int):
+        spec = layout.buckets[b]
+        ranks = [param_ranks[p] for p in range(spec.first_param, spec.first_param + spec.num_params)]
+        ranked = [r for r in ranks if r is not None]
+        return (min(ranked) if ranked else math.inf, b)
+    order = sorted(range(len(layout.buckets)), key=key)
+    position = [0] * len(order)
+    for i, b in enumerate(order):
+        position[b] = i
+    return position
