@@ -151,6 +151,9 @@ def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[st
     if auto and blocks:
         raise ValueError(f"dearcomm: {'/'.join(auto)}='auto' cannot be combined with blocks: blocks fix the layout, "
                          "which the planner's simulation does not know")
+    if auto and start.get("schedule") == "usbyte":
+        raise ValueError(f"dearcomm: schedule='usbyte' plans its own blocks and order at the first training "
+                         f"forward; {'/'.join(auto)}='auto' does not apply to it")
     if "schedule" in auto and start.get("credit_mb") is not None:
         raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
                          "'auto' (the planner sets it where it picks bytescheduler)")
@@ -265,33 +268,7 @@ class AutoPlanner:
     # ---- measuring and planning ------------------------------------------------------
 
     def _measure(self, module: nn.Module, args, kwargs, network: Network) -> Tuple[TrainingProfile, Network]:
-        """This rank's profile, on the plain model; on a CPU also how much
-        compute and collectives slow each other (they share its cores), in
-        ``network``. The hooks stand aside; gradients are put back as they were."""
-        grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
-
-        def forward_backward() -> None:
-            surrogate_loss(module(*args, **kwargs)).backward()
-            module.zero_grad(set_to_none=True)
-
-        device = next(module.parameters()).device
-        self.runtime.planning = True
-        # fork_rng: dropout and the like draw during profiling; training then
-        # draws what it would have drawn without "auto".
-        try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), self.optimizer,
-                                        iterations=3, warmup=1)
-                if device.type == "cpu":
-                    nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
-                    measured = measure_contention(forward_backward, self.runtime.group, nbytes=nbytes, iters=3)
-                    network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
-                                                  comm_slowdown=measured["comm_slowdown"])
-            return profile, network
-        finally:
-            self.runtime.planning = False
-            for p, grad in grads.items():
-                p.grad = grad
+        return measure_job(self.runtime, module, self.optimizer, args, kwargs, network)
 
     def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
@@ -315,6 +292,43 @@ class AutoPlanner:
                               candidates=len(result.candidates), step=self._steps, reason=reason,
                               network=network, profile=profile, planning_s=time.perf_counter() - started)
         return rank0s(chosen, runtime.group)
+
+
+def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, args, kwargs,
+                network: Network) -> Tuple[TrainingProfile, Network]:
+    """This rank's profile, on the plain model; on a CPU also how much
+    compute and collectives slow each other (they share its cores), in
+    ``network``. The hooks stand aside; gradients are put back as they were."""
+    grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
+
+    def forward_backward() -> None:
+        surrogate_loss(module(*args, **kwargs)).backward()
+        module.zero_grad(set_to_none=True)
+
+    device = next(module.parameters()).device
+    runtime.planning = True
+    # fork_rng: dropout and the like draw during profiling; training then
+    # draws what it would have drawn without "auto".
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
+                                    iterations=3, warmup=1)
+            if device.type == "cpu":
+                nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
+                try:
+                    measured = measure_contention(forward_backward, runtime.group, nbytes=nbytes, iters=3)
+                except ValueError as e:  # after its collectives, so every rank is still in step
+                    # A model whose collectives are too short beside its compute to time the
+                    # sharing (a small model on a fast link): it hardly matters there.
+                    logger.info("dearcomm: contention not measured (%s); taken as none", e)
+                else:
+                    network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
+                                                  comm_slowdown=measured["comm_slowdown"])
+        return profile, network
+    finally:
+        runtime.planning = False
+        for p, grad in grads.items():
+            p.grad = grad
 
 
 def _family(options: Dict[str, Any]) -> Tuple[Any, Any]:

@@ -28,13 +28,15 @@ def checked_priorities(priorities) -> Dict[str, int]:
 
 def bucket_priorities(layout, param_ranks: Sequence[Optional[int]]) -> List[int]:
     """Per bucket, its position in issue order: a bucket takes the lowest rank
-    of its parameters (None: after every ranked one); ties go input side
-    first (bucket order), so the pieces of one parameter keep their order."""
+    of its parameters (None: after every ranked one). Among equal ranks the
+    pieces of a parameter go in the order they become ready, last piece first
+    (backward reports buckets in descending order), so a planner lists a
+    parameter's blocks back to front; unranked buckets go input side first."""
     def key(b: int):
         spec = layout.buckets[b]
         ranks = [param_ranks[p] for p in range(spec.first_param, spec.first_param + spec.num_params)]
         ranked = [r for r in ranks if r is not None]
-        return (min(ranked) if ranked else math.inf, b)
+        return (min(ranked), -b) if ranked else (math.inf, b)
     order = sorted(range(len(layout.buckets)), key=key)
     position = [0] * len(order)
     for i, b in enumerate(order):

@@ -32,6 +32,10 @@ class OpQueue {
   // One tick: the link sent `drained` bytes since the last one (kDrainedAll:
   // unknown, taken as everything); returns the ops that now go.
   std::vector<Op> tick(int64_t drained);
+  // A tick for a schedule that fills the link's gaps (US-Byte): ops go, most
+  // urgent first, while the link would start them within `window` bytes from
+  // now (so the last may run past the gap), and at least one if it is idle.
+  std::vector<Op> tick_within(int64_t drained, int64_t window);
   // Everything queued, most urgent first (backward ended: nothing is left to
   // overtake it).
   std::vector<Op> release_all();
@@ -42,6 +46,10 @@ class OpQueue {
   static constexpr int64_t kDrainedAll = INT64_MAX;
 
  private:
+  // Drains, then releases the queue's head while `goes(in_flight, bytes)`.
+  template <typename Goes>
+  std::vector<Op> release(int64_t drained, Goes goes);
+
   struct Entry {
     Op op;
     int64_t priority;
