@@ -137,6 +137,9 @@ class WrapOptions:
                                      None if self.credit_mb is None else max(1, _mib_to_bytes(self.credit_mb)))
         object.__setattr__(self, "choice", choice)
         object.__setattr__(self, "update", choice.update)
+        if self.schedule == "usbyte" and self.partition_mb is not None:
+            raise ValueError("dearcomm: schedule='usbyte' splits tensors into its planner's blocks (blocks=, or its "
+                             "own plan); partition_mb does not apply to it")
         if self.priorities and not _TAKES_PRIORITIES[self.schedule]:
             takers = " or ".join(f"schedule={n!r}" for n, takes in _TAKES_PRIORITIES.items() if takes)
             raise ValueError(f"dearcomm: schedule={self.schedule!r} issues in its own order; priorities apply to "

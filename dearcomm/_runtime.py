@@ -121,6 +121,7 @@ class DearRuntime:
         self.on_reconfigure: List[Callable[[], Callable[[], None]]] = []
         self.planning = False  # wrap()'s "auto" profiles the model: the hooks stand aside
         self.auto = None  # an AutoPlanner where some option of wrap() is "auto"
+        self.usbyte = None  # a USBytePlanner where schedule="usbyte" came without blocks
         self._ran: List[nn.Module] = []      # first forward: modules in the order they ran
         self._ran_set = set()
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}

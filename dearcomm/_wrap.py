@@ -15,6 +15,7 @@ from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
 from ._runtime import DearRuntime
+from ._usbyte_planning import USBytePlanner
 
 
 def wrap(
@@ -149,6 +150,9 @@ def wrap(
     runtime = DearRuntime(module, options)
     if auto:
         runtime.auto = AutoPlanner(runtime, module, optimizer, auto, update_given=update is not None)
+    elif options.schedule == "usbyte" and options.blocks is None and options.priorities is None \
+            and runtime.world_size > 1:
+        runtime.usbyte = USBytePlanner(runtime, module, optimizer)  # plans the blocks at the first forward
     _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
 

@@ -68,7 +68,10 @@ class Plan:
 def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
           partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
-    names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry if n != "dear"]
+    # usbyte is searched only when asked for: without its planner's blocks
+    # (dearcomm.usbyte) it is bytescheduler with one block in flight.
+    names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry
+                                                                      if n not in ("dear", "usbyte")]
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")

@@ -17,10 +17,10 @@ from tests.test_parity import SCHEDULES, SMALL_BUCKET_MB, make_optimizer
 from tests.test_training_features import averaged_in_grad
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-# bytescheduler all-reduces in place and the next forward reads the result,
-# after zero_grad() and the user's code have written .grad: .grad cannot live
-# in its buckets there.
-NO_VIEWS = {("bytescheduler", "replicated")}
+# bytescheduler and usbyte all-reduce in place and the next forward reads the
+# result, after zero_grad() and the user's code have written .grad: .grad
+# cannot live in its buckets there.
+NO_VIEWS = {("bytescheduler", "replicated"), ("usbyte", "replicated")}
 STEPS = 4
 
 

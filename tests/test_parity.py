@@ -19,7 +19,8 @@ from tests.multiprocess import run_workers
 STEPS = 7
 SMALL_BUCKET_MB = 2048 / 2**20  # 2 KiB: a few parameters per bucket
 
-SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated"), ("bytescheduler", "replicated")]
+SCHEDULES = [("dear", "sharded"), ("dear", "replicated"), ("wfbp", "replicated"), ("bytescheduler", "replicated"),
+             ("usbyte", "replicated")]
 # (bucket_mb, partition_mb): one bucket per tensor, a few tensors per bucket,
 # the default; partitions smaller than the largest tensors (400 bytes, fused up
 # to that), and the smallest partition (1 byte: one partition unit, world_size
@@ -30,6 +31,7 @@ CONFIGS = [
     dict(optim=optim, schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb)
     for optim, (schedule, update), (bucket_mb, partition_mb) in itertools.product(
         ["sgd", "adamw"], SCHEDULES, BUCKETINGS)
+    if not (schedule == "usbyte" and partition_mb)  # usbyte splits by its planner's blocks only
 ] + [
     # A credit of one byte on a link pinned to drain nothing during backward
     # (from step 1): one all-reduce goes, the rest queue until backward ends
@@ -41,6 +43,13 @@ CONFIGS = [
     # A planner's explicit pieces (US-Byte's unequal blocks): see uneven_blocks.
     dict(optim=optim, schedule=schedule, update=update, bucket_mb=SMALL_BUCKET_MB, partition_mb=None, blocks="uneven")
     for optim, (schedule, update) in itertools.product(["sgd", "adamw"], SCHEDULES)
+] + [
+    # US-Byte with a planner's order that is not the input-first one (output
+    # side first), on a link pinned to drain nothing: blocks queue until
+    # backward ends and then go in that order.
+    dict(optim=optim, schedule="usbyte", update="replicated", bucket_mb=0.0, partition_mb=None, blocks="uneven",
+         priorities="reversed", stalled_link=True)
+    for optim in ["sgd", "adamw"]
 ]
 
 
@@ -61,6 +70,7 @@ def config_id(cfg):
     credit = f"-credit{cfg['credit_mb'] * 2**20:g}B" if cfg.get("credit_mb") else ""
     credit += "-stalled-link" if cfg.get("stalled_link") else ""
     blocks = f"-{cfg['blocks']}-blocks" if cfg.get("blocks") else ""
+    blocks += f"-{cfg['priorities']}-priorities" if cfg.get("priorities") else ""
     return f"{cfg['optim']}-{cfg['schedule']}-{cfg['update']}-bucket{cfg['bucket_mb']:g}MB{partition}{credit}{blocks}"
 
 
@@ -91,8 +101,11 @@ def train_and_compare(rank, world_size, cfg, device="cpu", tolerance=dict(rtol=1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.8 ** s)
     ref_scheduler = torch.optim.lr_scheduler.LambdaLR(ref_optimizer, lambda s: 0.8 ** s)
     blocks = uneven_blocks(model, world_size) if cfg.get("blocks") else None
+    names = [name for name, _ in model.named_parameters()]
+    priorities = {name: -i for i, name in enumerate(names)} if cfg.get("priorities") == "reversed" else None
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=cfg["bucket_mb"],
-                                     partition_mb=cfg.get("partition_mb"), blocks=blocks, credit_mb=cfg.get("credit_mb"),
+                                     partition_mb=cfg.get("partition_mb"), blocks=blocks, priorities=priorities,
+                                     credit_mb=cfg.get("credit_mb"),
                                      schedule=cfg["schedule"], update=cfg["update"],
                                      comm_dtype=cfg.get("comm_dtype"))
     failures = []

@@ -26,7 +26,12 @@ def test_registry_lists_todays_schedules():
         "dear": ({"sharded": "sharded_at_step", "replicated": "replicated_before_use"}, "sharded"),
         "wfbp": ({"replicated": "full_after_reduction"}, "replicated"),
         "bytescheduler": ({"replicated": "replicated_before_use"}, "replicated"),
+        "usbyte": ({"replicated": "replicated_before_use"}, "replicated"),
     }
+    # US-Byte: the planner's blocks (wrap(blocks=)) are the only split; one block at a time, no credit.
+    assert REGISTRY["usbyte"]["default_partition_bytes"] == 2**63 - 1
+    assert REGISTRY["usbyte"]["default_credit_bytes"] == 0
+    assert {name for name, entry in REGISTRY.items() if entry["takes_priorities"]} == {"usbyte"}
     # The ByteScheduler paper's all-reduce recommendation: 8 M and 16 M fp32 parameters.
     assert REGISTRY["bytescheduler"]["default_partition_bytes"] == 8 * 2**20 * 4
     assert REGISTRY["bytescheduler"]["default_credit_bytes"] == 16 * 2**20 * 4
@@ -177,6 +182,70 @@ def test_bytescheduler_queue_invariants_under_random_links(seed):
     assert sorted(reduced + sorted(waiting)) == list(range(num_buckets))
 
 
+def usbyte_ops(drained=(), priorities=(), sizes=(100,) * B):
+    result = _C._testing.policy_ops("usbyte", "replicated", list(sizes), list(reversed(range(len(sizes)))), 0,
+                                    list(drained), list(priorities))
+    return dict(result["events"]), result
+
+
+def test_usbyte_sends_one_block_at_a_time_most_urgent_first():
+    """The link drains nothing during backward: block 3 goes, the rest wait
+    and go when backward ends in the planner's order, or input side first."""
+    events, result = usbyte_ops(drained=[0, 0, 0, 0])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [], [], []]
+    assert events["end_of_backward"] == [("all_reduce", b) for b in range(3)]
+    assert events["step"] == [] and result["reductions_waited"] == "in_next_forward"
+    assert result["update_strategy"] == "replicated_before_use" and result["uses_link_model"] is True
+    events, _ = usbyte_ops(drained=[0, 0, 0, 0], priorities=[3, 0, 2, 1])  # bucket 1 first, then 3, 2, 0
+    assert events["end_of_backward"] == [("all_reduce", 1), ("all_reduce", 2), ("all_reduce", 0)]
+    # Bucket 1 is the most urgent, but block 3 is still on the link when 1 becomes ready: 1 waits
+    # (one at a time) and goes first at the end; with the link drained by then, it goes at once.
+    events, _ = usbyte_ops(drained=[0, 0, 100, 0], priorities=[3, 0, 2, 1])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [], [("all_reduce", 1)], []]
+    assert events["end_of_backward"] == [("all_reduce", 2), ("all_reduce", 0)]
+
+
+def test_usbyte_fills_the_gap_until_the_next_gradient():
+    """Buckets of 100 bytes; the link sends 300 between the second and third
+    gradient: at the second, block 2 joins block 3 on the link (both fit in
+    that gap); at the third, the link is idle again and block 1 goes alone
+    (nothing is sent before the last gradient); block 0 waits for the end."""
+    events, _ = usbyte_ops(drained=[0, 0, 300, 0])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [("all_reduce", 2)],
+                                                          [("all_reduce", 1)], []]
+    assert events["end_of_backward"] == [("all_reduce", 0)]
+
+
+def test_usbyte_starts_a_block_that_runs_past_the_gap():
+    """A block goes if the link would start it before the next gradient, even
+    if it ends after (the planner sizes blocks to end at or just after it):
+    block 2 starts 100 bytes into a 150-byte gap; then 50 bytes are still in
+    flight when a gap of 0 begins, so 1 waits, and 0, 1 go when backward ends."""
+    events, _ = usbyte_ops(drained=[0, 0, 150, 0])
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", 3)], [("all_reduce", 2)], [], []]
+    assert events["end_of_backward"] == [("all_reduce", 0), ("all_reduce", 1)]
+
+
+def test_usbyte_takes_the_link_to_keep_up_without_a_link_model():
+    # The first iterations (no model yet): every block goes when ready, as in WFBP.
+    events, _ = usbyte_ops(sizes=(100, 5000, 7, 100))
+    assert [events[f"eligible {b}"] for b in BACKWARD] == [[("all_reduce", b)] for b in BACKWARD]
+
+
+def test_priorities_are_refused_where_they_do_not_fit():
+    with pytest.raises(ValueError, match="usbyte got priorities for 3 buckets, but the layout has 4"):
+        usbyte_ops(priorities=[0, 1, 2])
+    with pytest.raises(ValueError, match="schedule='dear' issues in its own order; priorities apply to "
+                                         "schedule='usbyte'"):
+        _C._testing.policy_ops("dear", "sharded", [100], [0], 0, [], [0])
+    with pytest.raises(ValueError, match="schedule='wfbp' issues in its own order"):
+        WrapOptions(schedule="wfbp", priorities={"fc.weight": 0})
+    with pytest.raises(ValueError, match=r"priorities\['fc.weight'\] must be an int rank"):
+        WrapOptions(schedule="usbyte", priorities={"fc.weight": 0.5})
+    with pytest.raises(TypeError, match="priorities must map parameter names to ranks"):
+        WrapOptions(schedule="usbyte", priorities=[0, 1])
+
+
 def test_a_credit_is_refused_where_the_schedule_has_none():
     with pytest.raises(ValueError, match="schedule='dear' has no credit"):
         _C._testing.policy_ops("dear", "sharded", [100], [0], 10)
@@ -211,7 +280,8 @@ def test_wrap_options_copy_and_pickle_with_their_resolved_schedule():
     import copy
     import pickle
     for options in (WrapOptions(), WrapOptions(schedule="bytescheduler", credit_mb=1.0),
-                    WrapOptions(schedule="wfbp", bucket_mb=0)):
+                    WrapOptions(schedule="wfbp", bucket_mb=0),
+                    WrapOptions(schedule="usbyte", priorities={"fc.weight": 1, "embed.weight": 0})):
         for copied in (copy.copy(options), copy.deepcopy(options), pickle.loads(pickle.dumps(options))):
             assert copied == options
             assert repr(copied.choice) == repr(options.choice)

@@ -11,11 +11,14 @@ namespace dearcomm {
 std::unique_ptr<SchedulePolicy> make_wfbp_policy();
 std::unique_ptr<SchedulePolicy> make_dear_policy(UpdateStrategy update);
 std::unique_ptr<SchedulePolicy> make_bytescheduler_policy(int64_t credit_bytes);
+std::unique_ptr<SchedulePolicy> make_usbyte_policy(std::vector<int64_t> priorities);
 
 // The ByteScheduler paper's recommendation for all-reduce: partitions of 8 M
 // and a credit of 16 M parameters (fp32 here).
 constexpr int64_t kByteSchedulerPartitionBytes = 8 * (int64_t{1} << 20) * 4;
 constexpr int64_t kByteSchedulerCreditBytes = 16 * (int64_t{1} << 20) * 4;
+// US-Byte's blocks are the planner's (wrap(blocks=)); nothing else is split.
+constexpr int64_t kNoPartitionBytes = INT64_MAX;
 
 const std::vector<ScheduleInfo>& schedule_registry() {
   static const std::vector<ScheduleInfo> registry = {
@@ -32,6 +35,14 @@ const std::vector<ScheduleInfo>& schedule_registry() {
        "replicated",
        [](UpdateStrategy, const PolicyConfig& config) { return make_bytescheduler_policy(config.credit_bytes); },
        kByteSchedulerPartitionBytes, kByteSchedulerCreditBytes},
+      {"usbyte",
+       "all-reduce of each tensor in unequal blocks a planner sized to fill the link's idle gaps (wrap(blocks=), "
+       "dearcomm.usbyte), one block at a time, most urgent first (wrap(priorities=)); each parameter is updated "
+       "in the next forward, once its blocks are reduced",
+       {{"replicated", UpdateStrategy::kReplicatedBeforeUse}},
+       "replicated",
+       [](UpdateStrategy, const PolicyConfig& config) { return make_usbyte_policy(config.bucket_priorities); },
+       kNoPartitionBytes, 0, /*takes_priorities=*/true},
   };
   return registry;
 }
