@@ -81,6 +81,8 @@ from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_
 SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              "dear-sharded": ("dear", "sharded"), "dear-replicated": ("dear", "replicated"),
              "bytescheduler": ("bytescheduler", "replicated"),
+             # US-Byte: blocks and order planned at the first forward (profile, probe). No modifiers.
+             "usbyte": ("usbyte", "replicated"),
              # A control, not a schedule: DDP plus the bytes dear all-gathers, sent
              # with torch.distributed beside DDP's forward and waited at its end.
              # What moving them during the forward costs on this machine, without
@@ -337,7 +339,8 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0):
+def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
+              planned=None, names=None):
     """The run's iteration in seconds on the simulated device: its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -345,7 +348,8 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
     same collectives at the same points, overlapped: what FSDP2 reaches where
     its collectives run beside compute, which they do not on CPU), with
     buckets of --bucket-mb standing in for its units. auto and dear-bo: with
-    the options they chose (``chosen``)."""
+    the options they chose (``chosen``); usbyte with the blocks and priorities
+    it planned (``planned``, by parameter name; ``names``: the profile's)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -362,8 +366,13 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown)
+    extra = {}
+    if planned is not None:
+        blocks, priorities = planned
+        extra = dict(blocks=[list(blocks.get(n, ())) for n in names], priorities=[priorities.get(n) for n in names])
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
-                                   step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit)
+                                   step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit,
+                                   **extra)
     return prediction.iteration_ms / 1e3
 
 
@@ -677,10 +686,15 @@ def main():
         if name in tuned:
             chosen = dict(schedule="dear", update="sharded", bucket_mb=tuned[name].bucket_mb, partition_mb=None,
                           credit_mb=None)
+        runtime = getattr(runs[name][0], "_dear", None)
+        planned = (runtime.options.blocks or {}, runtime.options.priorities or {}) \
+            if runtime is not None and runtime.options.schedule == "usbyte" else None
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
-                          chosen=chosen)
+                          chosen=chosen, planned=planned,
+                          names=[n for n, p in probe.named_parameters() if p.requires_grad])
         predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
-                                      comm_slowdown=comm_slowdown))
+                                      comm_slowdown=comm_slowdown, planned=planned,
+                                      names=[p.name for m in profile.modules for p in m.params]))
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,

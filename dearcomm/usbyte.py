@@ -385,79 +385,130 @@ def plan_for_profile(profile: Sequence[ModuleProfile], network: Network, world_s
                 step_ms=step_ms)
 
 
-UNITS_MB = (0.25, 1.0, 4.0, 16.0)
+UNITS_MB = (0.25, 1.0, 4.0, 16.0, 64.0, 256.0)
 """Unit sizes tried by plan_job (US-Byte tunes S; these span its reported range)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
-    """A US-Byte plan for a job, in the terms wrap() and simulate() take."""
+    """A US-Byte plan for a job, in the terms wrap() and simulate() take.
+
+    The planner's layers are the engine's buckets: a parameter of at least
+    half a unit is a layer of its own (its blocks are wrap()'s ``blocks``);
+    smaller ones fuse with their neighbours in forward order into buckets of
+    at most one unit (wrap()'s ``bucket_mb``), one layer each, never split.
+    One all-reduce per tensor would pay the per-collective cost hundreds of
+    times on models of many small tensors."""
     plan: USBytePlan
     names: Tuple[str, ...]
     """The profile's parameters, in its (forward) order."""
-    predicted_ms: float
+    groups: Tuple[Tuple[int, ...], ...]
+    """Per planner layer, the parameters (positions) it holds."""
+    alone: Tuple[bool, ...]
+    """Per parameter: a layer of its own, in the plan's blocks (else fused)."""
+    bucket_mb: float
+    """wrap()'s bucket_mb for the fused small parameters."""
+    predicted_ms: float = 0.0
     """The simulator's iteration time with these blocks and priorities (the
     engine's own schedule code on a virtual clock), not the planner's."""
-    tried: Tuple[Tuple[int, float], ...]
+    tried: Tuple[Tuple[int, float], ...] = ()
     """(unit, predicted_ms) of every unit tried."""
     align: int = 1
     """Every piece of a parameter but its last is a multiple of this many
     elements (the partition unit of every dtype present)."""
 
     def blocks_by_position(self) -> List[List[int]]:
-        """Per parameter, its blocks back to front: backward reports a
-        parameter's pieces last first, so the block the plan sends first is
-        the parameter's last piece. The short tail of the plan's last block
-        (less than ``align`` elements) moves to that last piece, where an
-        uneven size is allowed."""
-        out = []
-        for blocks in self.plan.layer_blocks():
+        """Per parameter, its pieces ([] for a fused one), back to front:
+        backward reports a parameter's pieces last first, so the block the
+        plan sends first is the parameter's last piece. The short tail of the
+        plan's last block (less than ``align`` elements) moves to that last
+        piece, where an uneven size is allowed."""
+        out: List[List[int]] = [[] for _ in self.names]
+        for group, blocks in zip(self.groups, self.plan.layer_blocks()):
+            if not self.alone[group[0]]:
+                continue
             pieces = blocks[::-1]
             tail = pieces[0] % self.align if len(pieces) > 1 else 0
             pieces[0] -= tail
             pieces[-1] += tail
-            out.append([n for n in pieces if n > 0])
+            out[group[0]] = [n for n in pieces if n > 0]
         return out
 
-    def wrap_options(self) -> Dict[str, Dict]:
-        """``blocks`` and ``priorities`` for dearcomm.wrap(schedule="usbyte")."""
-        return dict(blocks=dict(zip(self.names, self.blocks_by_position())),
-                    priorities=dict(zip(self.names, self.plan.priorities)))
+    def priorities_by_position(self) -> List[int]:
+        out = [0] * len(self.names)
+        for group, rank in zip(self.groups, self.plan.priorities):
+            for p in group:
+                out[p] = rank
+        return out
+
+    def wrap_options(self) -> Dict[str, object]:
+        """``bucket_mb``, ``blocks`` and ``priorities`` for dearcomm.wrap(schedule="usbyte")."""
+        blocks = {n: b for n, b in zip(self.names, self.blocks_by_position()) if b}
+        return dict(bucket_mb=self.bucket_mb, blocks=blocks,
+                    priorities=dict(zip(self.names, self.priorities_by_position())))
+
+    def simulate_options(self) -> Dict[str, object]:
+        """The same for dearcomm.simulate (by position)."""
+        return dict(bucket_mb=self.bucket_mb, blocks=self.blocks_by_position(),
+                    priorities=self.priorities_by_position())
 
     def describe(self) -> str:
         split = sum(len(b) > 1 for b in self.plan.layer_blocks())
         return (f"usbyte plan: unit {self.plan.unit} elements, {len(self.plan.blocks)} blocks over "
-                f"{len(self.names)} parameters ({split} split), {self.predicted_ms:.2f} ms per iteration predicted")
+                f"{len(self.names)} parameters in {len(self.groups)} layers ({split} split), "
+                f"{self.predicted_ms:.2f} ms per iteration predicted")
 
 
 def plan_job(profile, network: Network, world_size: int, *, units_mb: Sequence[float] = UNITS_MB,
-             comm_dtype=None) -> JobPlan:
+             comm_dtype=None, search: bool = True) -> JobPlan:
     """The US-Byte plan for a measured job (a dearcomm.TrainingProfile): one
     plan per unit size in ``units_mb`` (rounded to whole partition units of
     every dtype present), each simulated with the engine's usbyte schedule;
     the fastest predicted wins."""
+    names = tuple(p.name for m in profile.modules for p in m.params)
+    return plan_modules(profile.for_simulation(), network, world_size, step_ms=profile.step_ms, names=names,
+                        units_mb=units_mb, comm_dtype=comm_dtype, search=search)
+
+
+def plan_modules(modules: Sequence[ModuleProfile], network: Network, world_size: int, *, step_ms: float = 0.0,
+                 names: Optional[Sequence[str]] = None, units_mb: Sequence[float] = UNITS_MB, comm_dtype=None,
+                 search: bool = True) -> JobPlan:
+    """plan_job over a list of ModuleProfile (``names``: the parameters',
+    in order; default p0, p1, ...)."""
     import torch
 
     from . import _C
     from .prediction import simulate
 
-    modules = profile.for_simulation()
-    names = tuple(p.name for m in profile.modules for p in m.params)
-    dtypes = {m.dtype for m in modules if list(m.param_numels)}
+    modules = list(modules)
+    per_param = layers_from_profile(modules)
+    numels = [layer.numel for layer in per_param]
+    dtypes = [m.dtype for m in modules for _ in m.param_numels]
+    names = tuple(names) if names is not None else tuple(f"p{i}" for i in range(len(numels)))
     element = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype is not None else \
-        max(torch.empty(0, dtype=d).element_size() for d in dtypes)
+        max(torch.empty(0, dtype=d).element_size() for d in set(dtypes))
     step = 1
-    for d in dtypes:
+    for d in set(dtypes):
         step = math.lcm(step, _C.partition_unit(world_size, d))
+    cost = ring_allreduce_ms(network, world_size, element)
     tried, best = [], None
     for mb in units_mb:
         unit = max(1, int(mb * 2**20 / element) // step) * step
         if any(u == unit for u, _ in tried):
             continue
-        p = plan_for_profile(modules, network, world_size, unit, bytes_per_element=element, step_ms=profile.step_ms)
-        job = JobPlan(p, names, 0.0, (), align=step)
-        ms = simulate(profile, world_size=world_size, network=network, schedule="usbyte", bucket_mb=0.0,
-                      comm_dtype=comm_dtype, blocks=job.blocks_by_position(), priorities=list(p.priorities)).iteration_ms
+        # The engine's buckets for this unit: parameters of half a unit or more alone, the rest fused
+        # into buckets that close once they hold half a unit (so at most one unit each).
+        half_mb = unit * element / 2 / 2**20
+        alone = tuple(2 * n >= unit for n in numels)
+        layout = _C.plan_buckets(numels, dtypes, int(half_mb * 2**20), world_size, 2**63 - 1,
+                                 [[n] if a else [] for n, a in zip(numels, alone)])
+        groups = tuple(tuple(range(b.first_param, b.first_param + b.num_params)) for b in layout.buckets)
+        layers = [Layer(sum(numels[p] for p in g), sum(per_param[p].forward_ms for p in g),
+                        sum(per_param[p].backward_ms for p in g)) for g in groups]
+        job = JobPlan(plan(layers, unit, cost, search=search, step_ms=step_ms), names, groups, alone, half_mb,
+                      align=step)
+        ms = simulate(modules, world_size=world_size, network=network, schedule="usbyte", step_ms=step_ms,
+                      comm_dtype=comm_dtype, **job.simulate_options()).iteration_ms
         tried.append((unit, ms))
         if best is None or ms < best.predicted_ms:
             best = dataclasses.replace(job, predicted_ms=ms)

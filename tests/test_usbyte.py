@@ -56,7 +56,8 @@ def test_a_job_plans_its_blocks_at_the_first_forward_and_trains_exactly(world_si
     for rank, r in enumerate(results):
         assert r["schedule"] == "usbyte"
         assert r["error"] < 1e-5, f"rank {rank}: parameters differ from one process by {r['error']}"
-        assert r["pieces"] == r["options"]["blocks"], f"rank {rank}: the buckets are not the plan's blocks"
+        planned = r["options"]["blocks"]
+        assert {n: r["pieces"][n] for n in planned} == planned, f"rank {rank}: the buckets are not the plan's blocks"
         assert set(r["options"]["priorities"]) == set(r["pieces"])
 
 
@@ -71,20 +72,28 @@ def synthetic_profile():
 def test_plan_job_keeps_the_unit_the_simulator_predicts_fastest():
     profile, network = synthetic_profile(), Network(alpha_us=30, gbit_s=1)
     job = plan_job(profile, network, world_size=4)
-    assert len(job.tried) == 4 and job.predicted_ms == min(ms for _, ms in job.tried)
+    assert len(job.tried) == 6 and job.predicted_ms == min(ms for _, ms in job.tried)
     assert job.plan.unit == min(job.tried, key=lambda t: t[1])[0]
     unit = dearcomm._C.partition_unit(4, torch.float32)
     assert all(u % unit == 0 for u, _ in job.tried)
     options = job.wrap_options()
-    assert list(options["blocks"]) == ["embed.p0", "mid.p0", "mid.p1", "head.p0"]
-    for (name, pieces), layer in zip(options["blocks"].items(), job.plan.layer_blocks()):
-        # The plan's first block is the parameter's last piece (pieces are reported last first); only a
-        # tail shorter than a partition unit moves to where an uneven size is allowed.
-        assert sum(pieces) == sum(layer) and len(pieces) == len(layer), name
-        assert all(abs(a - b) < job.align for a, b in zip(pieces, layer[::-1])), (name, pieces, layer)
-        assert all(n % job.align == 0 for n in pieces[:-1]), name
-    again = dearcomm.simulate(profile, world_size=4, network=network, schedule="usbyte", bucket_mb=0.0,
-                              blocks=job.blocks_by_position(), priorities=list(job.plan.priorities))
+    sizes = {"embed.p0": 4_000_000, "mid.p0": 1_000_000, "mid.p1": 1_000, "head.p0": 500_000}
+    assert set(options["priorities"]) == set(sizes)
+    # Parameters of half a unit or more have their own blocks; smaller ones fuse into buckets of
+    # at most one unit, which the planner never splits.
+    assert set(options["blocks"]) == {n for n, size in sizes.items() if 2 * size >= job.plan.unit}
+    assert options["bucket_mb"] * 2**20 * 2 == job.plan.unit * 4
+    for (name, pieces), layer, group in zip(options["blocks"].items(), job.plan.layer_blocks(), job.groups):
+        assert sum(pieces) == sizes[name] and all(n % job.align == 0 for n in pieces[:-1]), name
+    for group, layer in zip(job.groups, job.plan.layer_blocks()):
+        if len(group) > 1 or not job.alone[group[0]]:
+            assert len(layer) == 1, "a fused bucket was split"
+        else:
+            # The plan's first block is the parameter's last piece (backward reports a parameter's
+            # pieces last first); only a tail shorter than a partition unit moves.
+            pieces = options["blocks"][job.names[group[0]]]
+            assert all(abs(a - b) < job.align for a, b in zip(pieces, layer[::-1])), (pieces, layer)
+    again = dearcomm.simulate(profile, world_size=4, network=network, schedule="usbyte", **job.simulate_options())
     assert again.iteration_ms == job.predicted_ms
     # Not slower than the bytescheduler defaults on this communication-bound job.
     bytescheduler = dearcomm.simulate(profile, world_size=4, network=network, schedule="bytescheduler")
@@ -113,4 +122,4 @@ def unmeasurable_contention_worker(rank, world_size):
 
 def test_planning_goes_on_where_contention_cannot_be_measured():
     for rank, (error, options) in enumerate(run_workers(unmeasurable_contention_worker, 2, deadline=240)):
-        assert error < 1e-5 and options["blocks"], f"rank {rank}: {error}"
+        assert error < 1e-5 and options["priorities"], f"rank {rank}: {error}"
