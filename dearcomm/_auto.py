@@ -48,6 +48,7 @@ from .contention import measure_contention
 from .prediction import Network
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
+from .usbyte import plan_job
 from ._rank0 import rank0s
 from ._runtime import _weak_hook
 
@@ -134,7 +135,9 @@ class AutoPlan:
 
 
 def _describe(options: Dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in options.items() if v is not None)
+    planned = {"blocks": "parameters in blocks", "priorities": "parameters ranked"}  # a planner's: counted
+    return " ".join(f"{k}=<{len(v)} {planned[k]}>" if k in planned else f"{k}={v}"
+                    for k, v in options.items() if v is not None)
 
 
 def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[str, ...]]:
@@ -270,6 +273,15 @@ class AutoPlanner:
     def _measure(self, module: nn.Module, args, kwargs, network: Network) -> Tuple[TrainingProfile, Network]:
         return measure_job(self.runtime, module, self.optimizer, args, kwargs, network)
 
+    def _usbyte_open(self) -> bool:
+        """Whether usbyte is a candidate: it sets its own buckets, blocks and
+        order, so only where the schedule and the bucket size are "auto"
+        and no other option rules it out."""
+        options = self.runtime.options
+        return ({"schedule", "bucket_mb"} <= set(self.auto) and options.blocks is None
+                and options.priorities is None and (self.update_free or options.update == "replicated")
+                and ("partition_mb" in self.auto or options.partition_mb is None))
+
     def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
         chosen = None
@@ -284,9 +296,12 @@ class AutoPlanner:
                 partition_mb=fixed("partition_mb", autotune.PARTITION_MB),
                 credit_mb=fixed("credit_mb", autotune.CREDIT_MB))
             keys = self.auto + (("update",) if self.update_free else ())
+            if self._usbyte_open():
+                result = _with_usbyte(result, profile, network, runtime)
+                keys += ("blocks", "priorities")  # None for every other candidate: switching clears them
             first, runners_up = _shortlist(result)
-            shortlist = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in first)
-            runners_up = tuple(({k: c.options[k] for k in keys}, c.predicted_ms) for c in runners_up)
+            shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
+            runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
             chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
@@ -329,6 +344,16 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
         runtime.planning = False
         for p, grad in grads.items():
             p.grad = grad
+
+
+def _with_usbyte(result: autotune.Plan, profile: TrainingProfile, network: Network, runtime) -> autotune.Plan:
+    """The simulated candidates and US-Byte's own plan for the job (its
+    planner's blocks and order; dearcomm.usbyte.plan_job), fastest first."""
+    job = plan_job(profile, network, runtime.world_size, comm_dtype=runtime.options.comm_dtype)
+    usbyte = autotune.Candidate(dict(job.wrap_options(), schedule="usbyte", update="replicated", partition_mb=None,
+                                     credit_mb=None), job.predicted_ms)
+    candidates = sorted(list(result.candidates) + [usbyte], key=lambda c: c.predicted_ms)  # stable: ties keep order
+    return dataclasses.replace(result, best=candidates[0], candidates=candidates)
 
 
 def _family(options: Dict[str, Any]) -> Tuple[Any, Any]:

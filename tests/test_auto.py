@@ -93,7 +93,8 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     for rank, theirs in enumerate(plans):
         assert theirs == plans[0], f"rank {rank} planned differently from rank 0"
     first = plans[0][0]
-    assert set(first[0]) == {"schedule", "update", "bucket_mb", "partition_mb", "credit_mb"}
+    # blocks and priorities: usbyte's plan is a candidate (None in every other one's options).
+    assert set(first[0]) == {"schedule", "update", "bucket_mb", "partition_mb", "credit_mb", "blocks", "priorities"}
     assert first[2] > 0 and first[4].gbit_s > 0
     # The last reconfiguration's options are in force (a plan came before it).
     assert all(r["options"] == results[0]["options"] for r in results)

@@ -123,3 +123,37 @@ def unmeasurable_contention_worker(rank, world_size):
 def test_planning_goes_on_where_contention_cannot_be_measured():
     for rank, (error, options) in enumerate(run_workers(unmeasurable_contention_worker, 2, deadline=240)):
         assert error < 1e-5 and options["priorities"], f"rank {rank}: {error}"
+
+
+def auto_with_usbyte_worker(rank, world_size):
+    """schedule="auto" with usbyte's plan among its candidates, made to keep
+    it (a shortlist of that one): the job trains with the planned blocks and
+    order, exactly."""
+    import dearcomm._auto as auto
+
+    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "usbyte"][:1], [])
+    model, reference = mlp(), mlp()
+    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
+                                     credit_mb="auto")
+    g = torch.Generator().manual_seed(1)
+    n = 4
+    for _ in range(5):
+        x, y = torch.randn(n * world_size, 64, generator=g), torch.randint(0, 10, (n * world_size,), generator=g)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[rank * n:(rank + 1) * n]), y[rank * n:(rank + 1) * n]).backward()
+        optimizer.step()
+        ref_optimizer.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        ref_optimizer.step()
+    options = model._dear.options
+    model.sync()
+    error = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return error, options.schedule, options.priorities, str(model.auto_plan())
+
+
+def test_auto_can_choose_usbytes_own_plan():
+    for rank, (error, schedule, priorities, plan) in enumerate(run_workers(auto_with_usbyte_worker, 2, deadline=240)):
+        assert schedule == "usbyte" and priorities, f"rank {rank}: {schedule}"
+        assert error < 1e-5, f"rank {rank}: parameters differ from one process by {error}"
+        assert "schedule=usbyte" in plan and "parameters ranked>" in plan, plan
