@@ -1,4 +1,4 @@
-// US-Byte (Zhou et al., TPDS 2024): each tensor is all-reduced in blocks of
+// US-Byte (Gao et al., TPDS 2024): each tensor is all-reduced in blocks of
 // unequal sizes that a planner chose (dearcomm/usbyte.py; the layout's
 // explicit blocks). When a gradient becomes ready, the most urgent ready
 // blocks (the planner's priorities; input side first where none are given)
