@@ -40,6 +40,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import autotune
@@ -309,12 +310,18 @@ class AutoPlanner:
         return rank0s(chosen, runtime.group)
 
 
+class ProfilingFailed(ValueError):
+    """Some rank could not profile the job (raised on every rank alike)."""
+
+
 def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, args, kwargs,
                 network: Network) -> Tuple[TrainingProfile, Network]:
     """This rank's profile, on the plain model; on a CPU also how much
     compute and collectives slow each other (they share its cores), in
     ``network``. The hooks stand aside; gradients are put back as they were."""
     grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
+    # Nor buffers: BatchNorm's running statistics and counts move in every training forward.
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
 
     def forward_backward() -> None:
         surrogate_loss(module(*args, **kwargs)).backward()
@@ -326,8 +333,19 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
     # draws what it would have drawn without "auto".
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
-                                    iterations=3, warmup=1)
+            failure = ""
+            try:
+                profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
+                                        iterations=3, warmup=1)
+            except ValueError as e:  # e.g. a parameter without a gradient on this rank's batch
+                failure = f"rank {runtime.rank}: {e}"
+            # Every rank learns whether every rank could profile before any
+            # collective that follows: one failing alone would leave the others waiting.
+            failures = [None] * runtime.world_size
+            dist.all_gather_object(failures, failure, group=runtime.group)
+            failed = [f for f in failures if f]
+            if failed:
+                raise ProfilingFailed("; ".join(failed))
             if device.type == "cpu":
                 nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
                 try:
@@ -344,6 +362,9 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
         runtime.planning = False
         for p, grad in grads.items():
             p.grad = grad
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
 def _with_usbyte(result: autotune.Plan, profile: TrainingProfile, network: Network, runtime) -> autotune.Plan:

@@ -478,7 +478,8 @@ class DearRuntime:
 
     def hook_handles(self) -> list:
         """Every hook this runtime installed (on modules and parameters)."""
-        return list(self._forward_handles.values()) + self._handles + ([self.auto.handle] if self.auto else [])
+        planners = [p.handle for p in (self.auto, self.usbyte) if p is not None]
+        return list(self._forward_handles.values()) + self._handles + planners
 
     def close(self) -> None:
         """Finishes pending work and removes every hook; the engine and its

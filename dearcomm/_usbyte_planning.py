@@ -2,7 +2,10 @@
 planner does from a profile. At the first training forward every rank times
 the collectives (network_probe) and profiles its compute (as wrap()'s "auto"
 does, _auto.measure_job); rank 0 plans (usbyte.plan_job) and every rank
-trains with rank 0's blocks and priorities from that forward on."""
+trains with rank 0's blocks and priorities from that forward on. Where some
+rank cannot profile (a parameter without a gradient on its batch), every
+rank trains without a plan (buckets of bucket_mb, input side first) and
+rank 0 logs why."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,11 +35,17 @@ class USBytePlanner:
         if runtime.planning or not (module.training and torch.is_grad_enabled()):
             return
         self.handle.remove()
-        from ._auto import measure_job
+        from ._auto import ProfilingFailed, measure_job
 
         runtime.sync()  # parameters current before they are profiled
         fit = probe_network(runtime.group, next(module.parameters()).device)
-        profile, network = measure_job(runtime, module, self.optimizer, args, kwargs, fit.network)
+        try:
+            profile, network = measure_job(runtime, module, self.optimizer, args, kwargs, fit.network)
+        except ProfilingFailed as e:  # on every rank alike
+            if runtime.rank == 0:
+                logger.warning("dearcomm: usbyte could not profile the job (%s); it trains without a plan: "
+                               "buckets of bucket_mb, input side first", e)
+            return
         chosen = None
         if runtime.rank == 0:
             chosen = plan_job(profile, network, runtime.world_size, comm_dtype=runtime.options.comm_dtype)

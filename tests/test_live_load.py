@@ -99,6 +99,8 @@ def live_load_worker(rank, world_size, variant):
     every rank skipped it."""
     def run(schedule, update):
         for partition_mb in PARTITIONS:
+            if schedule == "usbyte" and partition_mb:
+                continue  # usbyte splits by its planner's blocks only
             what = f"partition_mb={partition_mb}"
             r = Run(rank, world_size, schedule, update, partition_mb, scaling=variant == "skipped-step")
             for _ in range(STEPS):

@@ -190,6 +190,8 @@ def large_bucket_worker(rank, world_size):
     failures = {}
     # Also with the 2.7 MiB weight split into 1 MiB partitions.
     for (schedule, update), partition_mb in itertools.product(SCHEDULES, [None, 1.0]):
+        if schedule == "usbyte" and partition_mb:
+            continue  # usbyte splits by its planner's blocks only
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(1000, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
         reference = copy.deepcopy(model)
