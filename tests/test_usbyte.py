@@ -21,13 +21,12 @@ def mlp():
                                torch.nn.Linear(512, 10))
 
 
-def planned_worker(rank, world_size):
-    model, reference = mlp(), mlp()
-    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
-    model, optimizer = dearcomm.wrap(model, optimizer, schedule="usbyte")
+def train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps):
+    """A plain loop (no sync() between steps) on this rank's slice, and one
+    process on the global batch beside it."""
     g = torch.Generator().manual_seed(1)
     n = 4
-    for _ in range(6):  # a plain loop: no sync() between steps
+    for _ in range(steps):
         x, y = torch.randn(n * world_size, 64, generator=g), torch.randint(0, 10, (n * world_size,), generator=g)
         optimizer.zero_grad()
         F.cross_entropy(model(x[rank * n:(rank + 1) * n]), y[rank * n:(rank + 1) * n]).backward()
@@ -35,6 +34,13 @@ def planned_worker(rank, world_size):
         ref_optimizer.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         ref_optimizer.step()
+
+
+def planned_worker(rank, world_size):
+    model, reference = mlp(), mlp()
+    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="usbyte")
+    train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=6)
     runtime = model._dear
     plan = runtime.usbyte.plan
     layout, index = runtime.engine.layout, runtime.index
@@ -136,16 +142,7 @@ def auto_with_usbyte_worker(rank, world_size):
     optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
     model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
                                      credit_mb="auto")
-    g = torch.Generator().manual_seed(1)
-    n = 4
-    for _ in range(5):
-        x, y = torch.randn(n * world_size, 64, generator=g), torch.randint(0, 10, (n * world_size,), generator=g)
-        optimizer.zero_grad()
-        F.cross_entropy(model(x[rank * n:(rank + 1) * n]), y[rank * n:(rank + 1) * n]).backward()
-        optimizer.step()
-        ref_optimizer.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        ref_optimizer.step()
+    train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=5)
     options = model._dear.options
     model.sync()
     error = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
