@@ -200,9 +200,7 @@ class AutoPlanner:
     def _plan(self, module: nn.Module, args, kwargs) -> None:
         reason = "first training forward" if not self.plans else self._replan_reason
         started = time.perf_counter()
-        self.runtime.sync()  # parameters current before they are profiled
-        fit = probe_network(self.runtime.group, next(module.parameters()).device)
-        profile, network = self._measure(module, args, kwargs, fit.network)
+        profile, network = measure_job(self.runtime, module, self.optimizer, args, kwargs)
         plan = self._plan_on_rank0(profile, network, reason, started)
         self.plans.append(plan)
         if self.runtime.rank == 0:
@@ -271,9 +269,6 @@ class AutoPlanner:
 
     # ---- measuring and planning ------------------------------------------------------
 
-    def _measure(self, module: nn.Module, args, kwargs, network: Network) -> Tuple[TrainingProfile, Network]:
-        return measure_job(self.runtime, module, self.optimizer, args, kwargs, network)
-
     def _usbyte_open(self) -> bool:
         """Whether usbyte is a candidate: it sets its own buckets, blocks and
         order, so only where the schedule and the bucket size are "auto"
@@ -314,11 +309,15 @@ class ProfilingFailed(ValueError):
     """Some rank could not profile the job (raised on every rank alike)."""
 
 
-def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, args, kwargs,
-                network: Network) -> Tuple[TrainingProfile, Network]:
-    """This rank's profile, on the plain model; on a CPU also how much
-    compute and collectives slow each other (they share its cores), in
-    ``network``. The hooks stand aside; gradients are put back as they were."""
+def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, args,
+                kwargs) -> Tuple[TrainingProfile, Network]:
+    """What a planner at the first training forward plans from: the network
+    probed on the training group (α–β fitted to rank 0's times), this rank's
+    profile on the plain model, and on a CPU how much compute and collectives
+    slow each other (they share its cores). The hooks stand aside; gradients
+    and buffers are put back as they were. Collectives: every rank calls it."""
+    runtime.sync()  # parameters current before they are profiled
+    network = probe_network(runtime.group, next(module.parameters()).device).network
     grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
     # Nor buffers: BatchNorm's running statistics and counts move in every training forward.
     buffers = [(b, b.detach().clone()) for b in module.buffers()]

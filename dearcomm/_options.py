@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._priorities import checked_priorities
 
 # The C++ schedule registry is the one list of schedules, their updates and
 # options; WrapOptions resolves the user's names against it once (choice).
@@ -127,7 +126,7 @@ class WrapOptions:
         if self.blocks is not None:
             object.__setattr__(self, "blocks", _checked_blocks(self.blocks))  # a copy: later edits don't count
         if self.priorities is not None:
-            object.__setattr__(self, "priorities", checked_priorities(self.priorities))
+            object.__setattr__(self, "priorities", _checked_priorities(self.priorities))
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
         for name in ("schedule", "update"):
             value = getattr(self, name)
@@ -200,16 +199,22 @@ def check_clip_arguments(max_norm, norm_type, name: str = "max_norm") -> None:
         raise ValueError(f"dearcomm: norm_type must be a positive number or inf, got {norm_type!r}")
 
 
+def _by_parameter_name(mapping, option: str, values: str):
+    """The (name, value) entries of a wrap() option keyed by parameter name,
+    each key checked as it comes; a TypeError names what is wrong."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"dearcomm: {option} must map parameter names to {values}, got {type(mapping).__name__}")
+    for name, value in mapping.items():
+        if not isinstance(name, str):
+            raise TypeError(f"dearcomm: {option} keys must be parameter names (str), got {name!r}")
+        yield name, value
+
+
 def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
     """A copy of `blocks` with plain ints (a planner's numpy or torch integers
     are fine), or an error naming the entry."""
-    if not isinstance(blocks, Mapping):
-        raise TypeError(f"dearcomm: blocks must map parameter names to lists of element counts, "
-                        f"got {type(blocks).__name__}")
     checked = {}
-    for name, pieces in blocks.items():
-        if not isinstance(name, str):
-            raise TypeError(f"dearcomm: blocks keys must be parameter names (str), got {name!r}")
+    for name, pieces in _by_parameter_name(blocks, "blocks", "lists of element counts"):
         try:
             plain = not isinstance(pieces, (str, bytes)) and not any(isinstance(n, bool) for n in pieces)
             counts = tuple(operator.index(n) for n in pieces) if plain else ()
@@ -219,4 +224,18 @@ def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
             raise ValueError(f"dearcomm: blocks[{name!r}] must be a non-empty list of positive element counts, "
                              f"got {pieces!r}")
         checked[name] = counts
+    return checked
+
+
+def _checked_priorities(priorities) -> Dict[str, int]:
+    """A copy of `priorities` with plain ints, or an error naming the entry."""
+    checked = {}
+    for name, rank in _by_parameter_name(priorities, "priorities", "ranks (int, lower goes first)"):
+        try:
+            if isinstance(rank, bool):
+                raise TypeError
+            checked[name] = operator.index(rank)
+        except TypeError:
+            raise ValueError(f"dearcomm: priorities[{name!r}] must be an int rank (lower goes first), "
+                             f"got {rank!r}") from None
     return checked

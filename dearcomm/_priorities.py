@@ -4,26 +4,7 @@ so a prediction issues what training issues."""
 from __future__ import annotations
 
 import math
-import operator
-from typing import Dict, List, Mapping, Optional, Sequence
-
-
-def checked_priorities(priorities) -> Dict[str, int]:
-    """A copy with plain ints, or an error naming the entry."""
-    if not isinstance(priorities, Mapping):
-        raise TypeError(f"dearcomm: priorities must map parameter names to ranks (int, lower goes first), "
-                        f"got {type(priorities).__name__}")
-    checked = {}
-    for name, rank in priorities.items():
-        if not isinstance(name, str):
-            raise TypeError(f"dearcomm: priorities keys must be parameter names (str), got {name!r}")
-        try:
-            checked[name] = operator.index(rank) if not isinstance(rank, bool) else None
-        except TypeError:
-            checked[name] = None
-        if checked[name] is None:
-            raise ValueError(f"dearcomm: priorities[{name!r}] must be an int rank (lower goes first), got {rank!r}")
-    return checked
+from typing import List, Optional, Sequence
 
 
 def bucket_priorities(layout, param_ranks: Sequence[Optional[int]]) -> List[int]:

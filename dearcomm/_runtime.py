@@ -315,8 +315,9 @@ class DearRuntime:
             done()
 
     def _check_blocks(self) -> None:
-        """WrapOptions.blocks against the parameters they name (at wrap time:
-        the errors can give names, which the planner's cannot)."""
+        """WrapOptions.blocks (and the names in priorities) against the
+        parameters they name (at wrap time: the errors can give names, which
+        the planner's cannot)."""
         blocks = self.options.blocks or {}
         params = {name: p for p, name in self.names.items()}
         for option in ("blocks", "priorities"):

@@ -15,9 +15,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._auto import ProfilingFailed, measure_job
 from ._rank0 import rank0s
 from ._runtime import _weak_hook
-from .network_probe import probe_network
 from .usbyte import JobPlan, plan_job
 
 logger = logging.getLogger("dearcomm")
@@ -35,12 +35,8 @@ class USBytePlanner:
         if runtime.planning or not (module.training and torch.is_grad_enabled()):
             return
         self.handle.remove()
-        from ._auto import ProfilingFailed, measure_job
-
-        runtime.sync()  # parameters current before they are profiled
-        fit = probe_network(runtime.group, next(module.parameters()).device)
         try:
-            profile, network = measure_job(runtime, module, self.optimizer, args, kwargs, fit.network)
+            profile, network = measure_job(runtime, module, self.optimizer, args, kwargs)
         except ProfilingFailed as e:  # on every rank alike
             if runtime.rank == 0:
                 logger.warning("dearcomm: usbyte could not profile the job (%s); it trains without a plan: "

@@ -17,8 +17,6 @@ std::unique_ptr<SchedulePolicy> make_usbyte_policy(std::vector<int64_t> prioriti
 // and a credit of 16 M parameters (fp32 here).
 constexpr int64_t kByteSchedulerPartitionBytes = 8 * (int64_t{1} << 20) * 4;
 constexpr int64_t kByteSchedulerCreditBytes = 16 * (int64_t{1} << 20) * 4;
-// US-Byte's blocks are the planner's (wrap(blocks=)); nothing else is split.
-constexpr int64_t kNoPartitionBytes = INT64_MAX;
 
 const std::vector<ScheduleInfo>& schedule_registry() {
   static const std::vector<ScheduleInfo> registry = {
@@ -42,7 +40,7 @@ const std::vector<ScheduleInfo>& schedule_registry() {
        {{"replicated", UpdateStrategy::kReplicatedBeforeUse}},
        "replicated",
        [](UpdateStrategy, const PolicyConfig& config) { return make_usbyte_policy(config.bucket_priorities); },
-       kNoPartitionBytes, 0, /*takes_priorities=*/true},
+       /*default_partition_bytes=*/INT64_MAX, /*default_credit_bytes=*/0, /*takes_priorities=*/true},  // blocks: the planner's
   };
   return registry;
 }
