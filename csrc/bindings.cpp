@@ -124,6 +124,7 @@ py::list schedules() {
     entry["default_partition_bytes"] = info.default_partition_bytes;  // kNoPartition (INT64_MAX): never split
     entry["default_credit_bytes"] = info.default_credit_bytes;        // 0: no credit
     entry["takes_priorities"] = info.takes_priorities;                // wrap(priorities=) applies
+    entry["takes_delays"] = info.takes_delays;                        // wrap(delays=) applies
     out.append(entry);
   }
   return out;
@@ -142,10 +143,11 @@ py::list as_python(const std::vector<Op>& ops) {
 py::dict policy_ops(const std::string& schedule, const std::string& update,
                     const std::vector<int64_t>& bucket_bytes, const std::vector<int64_t>& eligible_order,
                     int64_t credit_bytes, const std::vector<int64_t>& drained,
-                    const std::vector<int64_t>& priorities) {
+                    const std::vector<int64_t>& priorities, const std::vector<int64_t>& delays) {
   std::unique_ptr<SchedulePolicy> policy =
       resolve_schedule(schedule, update, credit_bytes ? std::optional<int64_t>(credit_bytes) : std::nullopt)
           .with_bucket_priorities(priorities)
+          .with_bucket_delays(delays)
           .make_policy();
   py::list events;
   policy->begin_iteration(bucket_bytes, drained);
@@ -160,6 +162,11 @@ py::dict policy_ops(const std::string& schedule, const std::string& update,
   out["reduction"] = to_string(policy->reduction());
   out["reductions_waited"] = to_string(policy->reductions_waited());
   out["uses_link_model"] = policy->uses_link_model();
+  py::list bucket_delays;
+  for (size_t b = 0; b < bucket_bytes.size(); ++b) {
+    bucket_delays.append(policy->delay(static_cast<int64_t>(b)));
+  }
+  out["delays"] = bucket_delays;
   return out;
 }
 
@@ -182,9 +189,10 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_testing").cast<py::module>().def("policy_ops", &policy_ops, py::arg("schedule"), py::arg("update"),
       py::arg("bucket_bytes"), py::arg("eligible_order"), py::arg("credit_bytes") = 0,
       py::arg("drained") = std::vector<int64_t>{}, py::arg("priorities") = std::vector<int64_t>{},
+      py::arg("delays") = std::vector<int64_t>{},
       "The ops a schedule policy returns at each event of one iteration (no processes, no tensors); "
       "`drained`: the link model, bytes the link sends before each eligibility event (empty: none); "
-      "`priorities`: per bucket, for a schedule that takes them.");
+      "`priorities`, `delays`: per bucket, for a schedule that takes them.");
   py::class_<LinkMeter>(m.attr("_testing").cast<py::module>(), "LinkMeter",
       "engine/link_meter.h on its own: one rank's measurements and the model from summed figures.")
       .def(py::init<int64_t>(), py::arg("num_ticks"))
@@ -227,6 +235,12 @@ PYBIND11_MODULE(_C, m) {
                              "Per bucket, lower goes first; [] where the schedule's own order applies.")
       .def("with_bucket_priorities", &ScheduleChoice::with_bucket_priorities, py::arg("priorities"),
            "This choice with per-bucket priorities (a planner's order); ValueError for a schedule without them.")
+      .def_property_readonly("takes_delays", [](const ScheduleChoice& c) { return c.schedule->takes_delays; },
+                             "Whether the schedule applies buckets late by per-bucket delays (wrap(delays=)).")
+      .def_property_readonly("bucket_delays", [](const ScheduleChoice& c) { return c.config.bucket_delays; },
+                             "Per bucket, how many iterations late it is applied; [] where none is delayed.")
+      .def("with_bucket_delays", &ScheduleChoice::with_bucket_delays, py::arg("delays"),
+           "This choice with per-bucket delays (a planner's); ValueError for a schedule that applies on time.")
       .def("__repr__", [](const ScheduleChoice& c) {
         return "ScheduleChoice(schedule='" + c.schedule->name + "', update='" + c.update->name +
             "', credit_bytes=" + std::to_string(c.config.credit_bytes) + ")";
@@ -236,13 +250,15 @@ PYBIND11_MODULE(_C, m) {
       .def("__deepcopy__", [](const ScheduleChoice& c, const py::dict&) { return c; }, py::arg("memo"))
       .def(py::pickle(
           [](const ScheduleChoice& c) {
-            return py::make_tuple(c.schedule->name, c.update->name, c.config.credit_bytes, c.config.bucket_priorities);
+            return py::make_tuple(c.schedule->name, c.update->name, c.config.credit_bytes, c.config.bucket_priorities,
+                                  c.config.bucket_delays);
           },
           [](const py::tuple& state) {
             const int64_t credit = state[2].cast<int64_t>();
             return resolve_schedule(state[0].cast<std::string>(), state[1].cast<std::string>(),
                                     credit > 0 ? std::optional<int64_t>(credit) : std::nullopt)
-                .with_bucket_priorities(state[3].cast<std::vector<int64_t>>());
+                .with_bucket_priorities(state[3].cast<std::vector<int64_t>>())
+                .with_bucket_delays(state[4].cast<std::vector<int64_t>>());
           }));
   m.def("resolve_schedule", &resolve_schedule, py::arg("schedule"), py::arg("update") = py::none(),
         py::arg("credit_bytes") = py::none(),
@@ -391,6 +407,9 @@ PYBIND11_MODULE(_C, m) {
       .def("master_shard", &Engine::master_shard)
       .def("averaged_grad", &Engine::averaged_grad, py::arg("param"),
            "Replicated update: the parameter's averaged gradient, valid from its all-gather to the next backward.")
+      .def("pending_averages", &Engine::pending_averages, py::arg("param"),
+           "Between steps, after flush(): the parameter's averaged gradients later steps apply (a delayed "
+           "bucket's), oldest first, as copies.")
       .def("reload_master_shards", &Engine::reload_master_shards)
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace dearcomm::core {
@@ -74,6 +75,21 @@ void Executor::check_delays() const {
 
 int64_t Executor::slot(int64_t bucket, int64_t iteration) const {
   return iteration < 0 ? 0 : iteration % num_slots(bucket);
+}
+
+std::vector<int64_t> Executor::pending_slots(int64_t bucket) const {
+  check_bucket_index(bucket);
+  DEARCOMM_CORE_CHECK(state() == IterationState::kIdle, std::logic_error, "dearcomm: delayed averages are read "
+                      "between steps; the iteration is in state ", to_string(state()));
+  std::vector<int64_t> slots;
+  for (int64_t i = std::max<int64_t>(0, iteration_ - delay_[bucket] + 1); i <= iteration_; ++i) {
+    const int64_t s = slot(bucket, i);
+    DEARCOMM_CORE_CHECK(machine_.bucket(bucket, s) == BucketState::kReduced, std::logic_error, "dearcomm: bucket ",
+                        bucket, "'s averages of iteration ", i, " are ", to_string(machine_.bucket(bucket, s)),
+                        "; flush() first");
+    slots.push_back(s);
+  }
+  return slots;
 }
 
 BucketState Executor::bucket_state(int64_t bucket) const {

@@ -77,6 +77,13 @@ class Executor {
   // step that applies them.
   void flush();
 
+  // Between steps (state kIdle), after a flush: the slots of bucket
+  // `bucket` whose averages later steps apply, oldest first (a delayed
+  // bucket's last `delay` backwards; none in the first ones, or undelayed).
+  // A checkpoint saves them. Raises std::logic_error mid-iteration or while
+  // one is still being reduced.
+  std::vector<int64_t> pending_slots(int64_t bucket) const;
+
   IterationState state() const { return machine_.iteration(); }
   // Of the bucket's slot in this iteration.
   BucketState bucket_state(int64_t bucket) const;

@@ -146,6 +146,10 @@ class Engine final : private core::Device {
   // Replicated update: parameter `param`'s averaged gradient (its shape and
   // dtype), valid from its all-gather until the next backward.
   at::Tensor averaged_grad(int64_t param) const;
+  // Between steps, after flush(): parameter `param`'s averaged gradients
+  // that later steps apply (a delayed bucket's), oldest first, as copies in
+  // its shape and dtype; what a checkpoint saves (core/executor.h).
+  std::vector<at::Tensor> pending_averages(int64_t param) const;
   // Replicated update: called with the parameters whose every bucket has just
   // been gathered (each once per step); runs the optimizer on them, reading
   // averaged_grad.

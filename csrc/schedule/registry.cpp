@@ -129,4 +129,22 @@ ScheduleChoice ScheduleChoice::with_bucket_priorities(std::vector<int64_t> prior
   return out;
 }
 
+ScheduleChoice ScheduleChoice::with_bucket_delays(std::vector<int64_t> delays) const {
+  std::vector<std::string> takers;
+  for (const ScheduleInfo& info : schedule_registry()) {
+    if (info.takes_delays) {
+      takers.push_back("schedule=" + quoted(info.name));
+    }
+  }
+  const bool any = std::any_of(delays.begin(), delays.end(), [](int64_t d) { return d != 0; });
+  TORCH_CHECK_VALUE(!any || schedule->takes_delays, "dearcomm: schedule=", quoted(schedule->name),
+                    " applies every bucket in the step of its backward; delays apply to ", joined(takers, " or "));
+  for (size_t b = 0; b < delays.size(); ++b) {
+    TORCH_CHECK_VALUE(delays[b] >= 0, "dearcomm: bucket ", b, " has delay ", delays[b], "; delays are >= 0");
+  }
+  ScheduleChoice out = *this;
+  out.config.bucket_delays = std::move(delays);
+  return out;
+}
+
 }  // namespace dearcomm

@@ -27,6 +27,10 @@ struct PolicyConfig {
   // Per bucket, lower goes first (a planner's order, from wrap(priorities=)
   // through the layout); empty: bucket order, input side first.
   std::vector<int64_t> bucket_priorities;
+  // Per bucket, how many iterations late its averages are applied (a
+  // planner's choice, from wrap(delays=) through the layout; see
+  // SchedulePolicy::delay); empty: none delayed.
+  std::vector<int64_t> bucket_delays;
 };
 
 struct ScheduleInfo {
@@ -39,6 +43,7 @@ struct ScheduleInfo {
   int64_t default_partition_bytes = INT64_MAX;
   int64_t default_credit_bytes = 0;                // 0: the schedule has no credit
   bool takes_priorities = false;                   // it queues buckets by PolicyConfig::bucket_priorities
+  bool takes_delays = false;                       // it applies buckets late by PolicyConfig::bucket_delays
 };
 
 const std::vector<ScheduleInfo>& schedule_registry();
@@ -54,6 +59,9 @@ struct ScheduleChoice {
   // This choice with a planner's per-bucket priorities (lower goes first);
   // ValueError for a schedule that does not queue by priority.
   ScheduleChoice with_bucket_priorities(std::vector<int64_t> priorities) const;
+  // This choice with a planner's per-bucket delays (>= 0); ValueError for a
+  // schedule that applies every bucket on time.
+  ScheduleChoice with_bucket_delays(std::vector<int64_t> delays) const;
 };
 
 // Raises ValueError for an unknown name or a credit the schedule has no use
