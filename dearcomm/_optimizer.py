@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from . import _C
+from ._delayed import STATE_KEY as DELAYED_KEY
 from ._options import check_clip_arguments
 from ._runtime import DearRuntime
 from ._update import UpdateStrategy
@@ -115,6 +116,11 @@ class DistributedOptimizer(Optimizer):
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         self._check_groups_unchanged()
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
+        if scaling and self._runtime.delayed.delays:
+            raise NotImplementedError(
+                "dearcomm: schedule='deft' with delayed buckets does not take a GradScaler: a delayed gradient was "
+                "scaled by an earlier step's scale, which the scaler may have changed since. Use bfloat16 autocast "
+                "(no scaler), or wrap(..., max_delay=0)")
         clipping = self._runtime.options.max_grad_norm is not None
         engine.begin_step(averages_needed=scaling or clipping)  # waits for the reductions unless the schedule leaves them to the next forward
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
@@ -202,21 +208,38 @@ class DistributedOptimizer(Optimizer):
         """torch's format, full and the same on every rank: loadable here at any
         world size, or into a plain torch optimizer of the same class. With
         update="sharded" this gathers the state (a collective: call it on every
-        rank); sharded_state_dict() is the cheap per-rank form."""
+        rank); sharded_state_dict() is the cheap per-rank form.
+        schedule="deft" adds the delays in force and the delayed gradients
+        later steps apply (key "dearcomm_delayed"), so a resumed run trains
+        exactly as an uninterrupted one; a plain torch optimizer ignores it."""
         self._runtime.sync()
-        return self._update.state_dict()
+        return self._with_delayed(self._update.state_dict())
 
     def sharded_state_dict(self) -> Dict[str, Any]:
         """This rank's part of the optimizer state, without communication; load
         it on the same rank at the same world size."""
         self._runtime.sync()
-        return self._update.sharded_state_dict()
+        return self._with_delayed(self._update.sharded_state_dict())
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Accepts state_dict() (any world size), a plain torch optimizer's
-        state_dict(), or this rank's sharded_state_dict()."""
+        state_dict(), or this rank's sharded_state_dict(). schedule="deft"
+        takes the checkpoint's delays and the delayed gradients it holds
+        (none where it has none)."""
         self._runtime.sync()
-        self._update.load_state_dict(state_dict)
+        delayed = state_dict.get(DELAYED_KEY)
+        if self._runtime.options.choice.takes_delays:
+            self._runtime.delayed.load_state_dict(delayed)
+        elif delayed and any(delayed["pending"].values()):
+            raise ValueError(f"dearcomm: this checkpoint holds delayed gradients of schedule='deft' (parameters "
+                             f"{sorted(delayed['delays'])}) that later steps apply; load it into a model wrapped "
+                             f"with schedule='deft', or they would be lost")
+        self._update.load_state_dict({k: v for k, v in state_dict.items() if k != DELAYED_KEY})
+
+    def _with_delayed(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        if not self._runtime.options.choice.takes_delays:
+            return state
+        return {**state, DELAYED_KEY: self._runtime.delayed.state_dict()}
 
 
 def _scaler_stage(scaler, optimizer) -> str:

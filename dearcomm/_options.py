@@ -17,6 +17,8 @@ _REGISTRY = _C.schedules()
 SCHEDULES = tuple(entry["name"] for entry in _REGISTRY)
 UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY for u in entry["updates"]))
 _TAKES_PRIORITIES = {entry["name"]: entry["takes_priorities"] for entry in _REGISTRY}
+_TAKES_DELAYS = {entry["name"]: entry["takes_delays"] for entry in _REGISTRY}
+DEFAULT_MAX_DELAY = 1
 INT64_MAX = 2**63 - 1
 
 
@@ -53,6 +55,19 @@ class WrapOptions:
     A bucket takes the lowest rank of its parameters; unnamed parameters come
     after every named one; ties go input side first. None: input side first.
     Every rank must pass the same priorities."""
+
+    max_delay: Optional[int] = None
+    """schedule="deft" only: at most how many iterations late a bucket's
+    averaged gradient may be applied (default 1; 0: none is, and deft trains
+    exactly as wfbp). Without delays, deft plans which buckets to delay at
+    the first training forward (dearcomm.deft)."""
+
+    delays: Optional[Mapping[str, int]] = None
+    """schedule="deft" only: which parameters are applied late, as a planner
+    chose them (dearcomm.deft): parameter name -> iterations late (0 to
+    max_delay); unnamed parameters are applied on time. The parameters of
+    one bucket share its delay (name all of them alike, or bucket_mb=0).
+    Every rank must pass the same delays."""
 
     credit_mb: Optional[float] = None
     """schedule="bytescheduler" only: the credit, in MiB: how many bytes of
@@ -128,6 +143,9 @@ class WrapOptions:
         if self.priorities is not None:
             object.__setattr__(self, "priorities", _checked_priorities(self.priorities))
         _check_positive_mib_or_none("credit_mb", self.credit_mb)
+        if self.max_delay is not None and (not isinstance(self.max_delay, int) or isinstance(self.max_delay, bool)
+                                           or self.max_delay < 0):
+            raise ValueError(f"dearcomm: max_delay must be an int >= 0 (iterations), got {self.max_delay!r}")
         for name in ("schedule", "update"):
             value = getattr(self, name)
             if not isinstance(value, str) and not (name == "update" and value is None):
@@ -139,10 +157,20 @@ class WrapOptions:
         if self.schedule == "usbyte" and self.partition_mb is not None:
             raise ValueError("dearcomm: schedule='usbyte' splits tensors into its planner's blocks (blocks=, or its "
                              "own plan); partition_mb does not apply to it")
+        if _TAKES_DELAYS[self.schedule] and self.partition_mb is not None:
+            raise ValueError(f"dearcomm: schedule={self.schedule!r} delays whole buckets of whole tensors; "
+                             f"partition_mb does not apply to it")
         if self.priorities and not _TAKES_PRIORITIES[self.schedule]:
             takers = " or ".join(f"schedule={n!r}" for n, takes in _TAKES_PRIORITIES.items() if takes)
             raise ValueError(f"dearcomm: schedule={self.schedule!r} issues in its own order; priorities apply to "
                              f"{takers}")
+        if (self.delays is not None or self.max_delay is not None) and not _TAKES_DELAYS[self.schedule]:
+            takers = " or ".join(f"schedule={n!r}" for n, takes in _TAKES_DELAYS.items() if takes)
+            option = "delays" if self.delays is not None else "max_delay"
+            raise ValueError(f"dearcomm: schedule={self.schedule!r} applies every gradient in its own step; "
+                             f"{option} applies to {takers}")
+        if self.delays is not None:
+            object.__setattr__(self, "delays", _checked_delays(self.delays, self.effective_max_delay))
         if self.comm_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dearcomm: comm_dtype must be torch.bfloat16, torch.float16, torch.float32 or None, "
                              f"got {self.comm_dtype!r}")
@@ -154,6 +182,13 @@ class WrapOptions:
             not isinstance(self.timeout, datetime.timedelta) or self.timeout.total_seconds() <= 0
         ):
             raise ValueError(f"dearcomm: timeout must be a positive datetime.timedelta, got {self.timeout!r}")
+
+    @property
+    def effective_max_delay(self) -> int:
+        """max_delay with its default filled in (0 for a schedule without delays)."""
+        if self.max_delay is not None:
+            return self.max_delay
+        return DEFAULT_MAX_DELAY if _TAKES_DELAYS.get(self.schedule) else 0
 
     @property
     def update_strategy(self) -> str:
@@ -224,6 +259,23 @@ def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
             raise ValueError(f"dearcomm: blocks[{name!r}] must be a non-empty list of positive element counts, "
                              f"got {pieces!r}")
         checked[name] = counts
+    return checked
+
+
+def _checked_delays(delays, max_delay: int) -> Dict[str, int]:
+    """A copy of `delays` with plain ints, each in [0, max_delay], or an error naming the entry."""
+    checked = {}
+    for name, delay in _by_parameter_name(delays, "delays", "iterations late (int)"):
+        try:
+            if isinstance(delay, bool):
+                raise TypeError
+            checked[name] = operator.index(delay)
+        except TypeError:
+            raise ValueError(f"dearcomm: delays[{name!r}] must be an int number of iterations, got {delay!r}") \
+                from None
+        if not 0 <= checked[name] <= max_delay:
+            raise ValueError(f"dearcomm: delays[{name!r}] is {checked[name]}; it must be between 0 and max_delay "
+                             f"({max_delay})")
     return checked
 
 

@@ -43,6 +43,8 @@ from torch import nn
 
 from . import _C, _cuda
 from ._options import WrapOptions
+from ._delayed import DelayedUpdates
+from ._delays import bucket_delays
 from ._priorities import bucket_priorities
 from .overlap import OverlapMonitor
 from ._update import strategy_class
@@ -121,7 +123,8 @@ class DearRuntime:
         self.on_reconfigure: List[Callable[[], Callable[[], None]]] = []
         self.planning = False  # wrap()'s "auto" profiles the model: the hooks stand aside
         self.auto = None  # an AutoPlanner where some option of wrap() is "auto"
-        self.usbyte = None  # a USBytePlanner where schedule="usbyte" came without blocks
+        self.delayed = DelayedUpdates(self)  # deft's checkpoints and guard (_delayed.py); idle without delays
+        self.planner = None  # a SelfPlanner where usbyte or deft plans at the first forward (_self_planning.py)
         self._ran: List[nn.Module] = []      # first forward: modules in the order they ran
         self._ran_set = set()
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}
@@ -221,6 +224,7 @@ class DearRuntime:
         # .grad holds the average, as with DDP) or where they read .grad's
         # memory, which the user's code may write next (scaler.unscale_, clipping).
         engine.end_backward()
+        self.delayed.after_backward()  # a loaded checkpoint's delayed gradients; the guard's figures
         self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
 
     def _check_not_replaced(self, indices: List[int]) -> None:
@@ -274,6 +278,7 @@ class DearRuntime:
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()
+        self.delayed.step_ended()  # may switch delays off (reconfigure)
         if not self._update_hooks:
             return
         self._unreported = list(range(len(self.engine.layout.buckets)))
@@ -320,7 +325,7 @@ class DearRuntime:
         the planner's cannot)."""
         blocks = self.options.blocks or {}
         params = {name: p for p, name in self.names.items()}
-        for option in ("blocks", "priorities"):
+        for option in ("blocks", "priorities", "delays"):
             unknown = sorted(set(getattr(self.options, option) or {}) - set(params))
             if unknown:
                 raise ValueError(f"dearcomm: {option} names {unknown}, which are not trainable parameters of the "
@@ -368,6 +373,9 @@ class DearRuntime:
         if self.options.priorities:
             ranks = [self.options.priorities.get(name) for name in names]
             choice = choice.with_bucket_priorities(bucket_priorities(layout, ranks))
+        if self.options.delays:
+            choice = choice.with_bucket_delays(
+                bucket_delays(layout, [self.options.delays.get(name, 0) for name in names], names))
         self.engine = _C.Engine(
             layout, self.params, names, self.group,
             choice, self.timeout.total_seconds(), backend, self.options.comm_dtype,
@@ -479,7 +487,7 @@ class DearRuntime:
 
     def hook_handles(self) -> list:
         """Every hook this runtime installed (on modules and parameters)."""
-        planners = [p.handle for p in (self.auto, self.usbyte) if p is not None]
+        planners = [p.handle for p in (self.auto, self.planner) if p is not None]
         return list(self._forward_handles.values()) + self._handles + planners
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
 from ._runtime import DearRuntime
-from ._usbyte_planning import USBytePlanner
+from ._self_planning import SelfPlanner, plans_itself
 
 
 def wrap(
@@ -26,6 +26,8 @@ def wrap(
     partition_mb: Union[float, str, None] = None,
     blocks: Optional[Mapping[str, Sequence[int]]] = None,
     priorities: Optional[Mapping[str, int]] = None,
+    max_delay: Optional[int] = None,
+    delays: Optional[Mapping[str, int]] = None,
     credit_mb: Union[float, str, None] = None,
     schedule: str = "dear",
     update: Optional[str] = None,
@@ -67,6 +69,11 @@ def wrap(
     (input side first) and a credit; step() does not wait: the next forward
     waits for each module's own all-reduces and updates its parameters with
     your optimizer (update="replicated" only).
+    schedule="deft" all-reduces as wfbp, but applies the buckets a planner
+    chose (delays) max_delay iterations late: their all-reduces overlap the
+    step and the next iteration. When backward returns, ``.grad`` holds what
+    step() applies (for a delayed parameter, the average of an earlier
+    backward; None in its first steps, which then skip it).
 
     Anything that reads parameters outside a training forward waits for the
     pending all-gathers first: ``module.sync()``, ``state_dict()``,
@@ -90,6 +97,13 @@ def wrap(
         priorities: schedule="usbyte" only: {parameter name: rank}, lower
             goes first (a planner's order, dearcomm.usbyte); default: input
             side first.
+        max_delay: schedule="deft" only: at most how many iterations late a
+            bucket's averaged gradient may be applied (default 1; 0: none,
+            deft is then wfbp).
+        delays: schedule="deft" only: {parameter name: iterations late}, as
+            a planner chose them (dearcomm.deft); the parameters of a bucket
+            share its delay. Default: deft plans them at the first training
+            forward (see the schedule below).
         credit_mb: schedule="bytescheduler" only: MiB of all-reduces that may be
             in flight (default 64, the paper's); more wait in a priority queue,
             input side first. In flight is modelled from a link rate and tick
@@ -99,7 +113,7 @@ def wrap(
             (at most one partition in flight) was fastest, 8 and 16 slower
             where one large layer dominates (docs/benchmarks.md); the
             defaults leave the queue empty.
-        schedule: "dear" (default), "wfbp", "bytescheduler" or "usbyte".
+        schedule: "dear" (default), "wfbp", "bytescheduler", "usbyte" or "deft".
 
         "auto" (schedule, bucket_mb, partition_mb, credit_mb): chosen for this
             job by simulation at the first training forward: every rank times
@@ -127,7 +141,8 @@ def wrap(
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
     options, auto = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
-                                    priorities=priorities, credit_mb=credit_mb, schedule=schedule, update=update,
+                                    priorities=priorities, max_delay=max_delay, delays=delays,
+                                    credit_mb=credit_mb, schedule=schedule, update=update,
                                     process_group=process_group, timeout=timeout,
                                     find_unused_parameters=find_unused_parameters, max_grad_norm=max_grad_norm,
                                     comm_dtype=comm_dtype, broadcast_buffers=broadcast_buffers)
@@ -150,9 +165,8 @@ def wrap(
     runtime = DearRuntime(module, options)
     if auto:
         runtime.auto = AutoPlanner(runtime, module, optimizer, auto, update_given=update is not None)
-    elif options.schedule == "usbyte" and options.blocks is None and options.priorities is None \
-            and runtime.world_size > 1:
-        runtime.usbyte = USBytePlanner(runtime, module, optimizer)  # plans the blocks at the first forward
+    elif plans_itself(options) and runtime.world_size > 1:
+        runtime.planner = SelfPlanner(runtime, module, optimizer)  # plans at the first training forward
     _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
 
@@ -204,7 +218,7 @@ def _layout_options(options: WrapOptions) -> dict:
     blocks = {name: list(pieces) for name, pieces in (options.blocks or {}).items()}  # already plain ints
     return dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
                 partition_mb=options.partition_mb, blocks=blocks, priorities=dict(options.priorities or {}),
-                credit_mb=options.credit_mb,
+                credit_mb=options.credit_mb, max_delay=options.max_delay, delays=dict(options.delays or {}),
                 comm_dtype=str(options.comm_dtype))
 
 

@@ -68,10 +68,12 @@ class Plan:
 def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
           partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
-    # usbyte is searched only when asked for: without its planner's blocks
-    # (dearcomm.usbyte) it is bytescheduler with one block in flight.
+    # Schedules that take a planner's priorities or delays are searched only
+    # when asked for: without their plans (dearcomm.usbyte, dearcomm.deft)
+    # usbyte is bytescheduler with one block in flight and deft is wfbp.
+    planned = {n for n, e in registry.items() if e["takes_priorities"] or e["takes_delays"]}
     names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry
-                                                                      if n not in ("dear", "usbyte")]
+                                                                      if n != "dear" and n not in planned]
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")
@@ -84,7 +86,7 @@ def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], 
         credits = credit_mb if entry["default_credit_bytes"] > 0 else (None,)
         for update in (u for u in ordered if updates is None or u in updates):
             for bucket in bucket_mb:
-                for partition in partition_mb:
+                for partition in (partition_mb if name not in planned else (None,)):  # a plan sets the pieces
                     for credit in credits:
                         grid.append(dict(schedule=name, update=update, bucket_mb=bucket, partition_mb=partition,
                                          credit_mb=credit))

@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from ._options import WrapOptions
+from ._delays import bucket_delays
 from ._priorities import bucket_priorities
 
 KINDS = ("reduce_scatter", "all_gather", "all_reduce")
@@ -138,7 +139,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
              partition_mb: Optional[float] = None, credit_mb: Optional[float] = None,
              comm_dtype: Optional[torch.dtype] = None, iterations: int = 3,
              blocks: Optional[Sequence[Sequence[int]]] = None,
-             priorities: Optional[Sequence[Optional[int]]] = None) -> Prediction:
+             priorities: Optional[Sequence[Optional[int]]] = None,
+             delays: Optional[Sequence[int]] = None, max_delay: Optional[int] = None) -> Prediction:
     """Runs ``iterations`` iterations of ``schedule`` on the simulated device
     and returns the prediction. ``profile``: a dearcomm.TrainingProfile
     (dearcomm.profile() measures one) or a list of ModuleProfile.
@@ -147,7 +149,10 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     ``blocks`` and ``priorities``: wrap()'s, by parameter position (the
     profile's parameters in order) instead of by name: per parameter its
     pieces ([] or absent: none) and its rank (None: after every ranked one);
-    dearcomm.usbyte's plans give both."""
+    dearcomm.usbyte's plans give both. ``delays`` (schedule="deft"): per
+    parameter, iterations late (dearcomm.deft's plans give them); the first
+    ``max(delays)`` iterations then apply nothing of the delayed buckets, so
+    simulate a few more iterations and read the last."""
     from .profiler import TrainingProfile
 
     if isinstance(profile, TrainingProfile):
@@ -155,7 +160,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         profile = profile.for_simulation()
     step_ms = 0.0 if step_ms is None else step_ms
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
-                          credit_mb=credit_mb, comm_dtype=comm_dtype)
+                          credit_mb=credit_mb, comm_dtype=comm_dtype, max_delay=max_delay)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
         raise ValueError(f"dearcomm: world_size must be an int >= 2, got {world_size!r}")
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
@@ -189,6 +194,14 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
             raise ValueError(f"dearcomm: priorities has {len(priorities)} entries; the profile has {len(numels)} "
                              f"parameters")
         choice = choice.with_bucket_priorities(bucket_priorities(layout, list(priorities)))
+    if delays is not None:
+        if len(delays) != len(numels):
+            raise ValueError(f"dearcomm: delays has {len(delays)} entries; the profile has {len(numels)} parameters")
+        limit = options.effective_max_delay
+        bad = [d for d in delays if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= limit]
+        if bad:
+            raise ValueError(f"dearcomm: delays must be ints between 0 and max_delay ({limit}), got {bad[0]!r}")
+        choice = choice.with_bucket_delays(bucket_delays(layout, list(delays)))
     costs = network.costs()
     for name in ("compute_slowdown", "comm_slowdown"):
         factor = getattr(network, name)

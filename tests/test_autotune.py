@@ -30,11 +30,12 @@ def test_every_registered_schedule_and_update_is_searched():
     p = dearcomm.plan(PROFILE, world_size=4, network=SLOW)
     searched = {(c.options["schedule"], c.options["update"]) for c in p.candidates}
     registry = {(e["name"], u) for e in dearcomm._C.schedules() for u in e["updates"]}
-    # usbyte only when asked for: the grid has no planner's blocks for it.
-    assert searched == registry - {("usbyte", "replicated")}
-    asked = dearcomm.plan(PROFILE, world_size=4, network=SLOW, schedules=["usbyte"], bucket_mb=[0.0],
-                          partition_mb=[None])
-    assert {c.options["schedule"] for c in asked.candidates} == {"usbyte"}
+    # usbyte and deft only when asked for: the grid has no planner's blocks or delays for them.
+    assert searched == registry - {("usbyte", "replicated"), ("deft", "replicated")}
+    for schedule in ("usbyte", "deft"):  # asked for: without partitions, which their plans replace
+        asked = dearcomm.plan(PROFILE, world_size=4, network=SLOW, schedules=[schedule], bucket_mb=[0.0])
+        assert {c.options["schedule"] for c in asked.candidates} == {schedule}
+        assert {c.options["partition_mb"] for c in asked.candidates} == {None}
     credits = {c.options["credit_mb"] for c in p.candidates if c.options["schedule"] == "bytescheduler"}
     assert credits == {None, 1.0, 4.0, 16.0}
     assert all(c.options["credit_mb"] is None for c in p.candidates if c.options["schedule"] != "bytescheduler")

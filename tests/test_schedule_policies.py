@@ -27,11 +27,13 @@ def test_registry_lists_todays_schedules():
         "wfbp": ({"replicated": "full_after_reduction"}, "replicated"),
         "bytescheduler": ({"replicated": "replicated_before_use"}, "replicated"),
         "usbyte": ({"replicated": "replicated_before_use"}, "replicated"),
+        "deft": ({"replicated": "full_after_reduction"}, "replicated"),
     }
     # US-Byte: the planner's blocks (wrap(blocks=)) are the only split; one block at a time, no credit.
     assert REGISTRY["usbyte"]["default_partition_bytes"] == 2**63 - 1
     assert REGISTRY["usbyte"]["default_credit_bytes"] == 0
     assert {name for name, entry in REGISTRY.items() if entry["takes_priorities"]} == {"usbyte"}
+    assert {name for name, entry in REGISTRY.items() if entry["takes_delays"]} == {"deft"}
     # The ByteScheduler paper's all-reduce recommendation: 8 M and 16 M fp32 parameters.
     assert REGISTRY["bytescheduler"]["default_partition_bytes"] == 8 * 2**20 * 4
     assert REGISTRY["bytescheduler"]["default_credit_bytes"] == 16 * 2**20 * 4
@@ -308,3 +310,18 @@ def test_engine_side_resolves_names_through_the_same_registry(schedule, update, 
 def test_bad_blocks_are_refused_with_their_name(blocks, error, message):
     with pytest.raises(error, match=message):
         WrapOptions(blocks=blocks)
+
+
+def test_deft_all_reduces_as_wfbp_and_delays_the_buckets_it_was_given():
+    result = _C._testing.policy_ops("deft", "replicated", [100] * B, list(reversed(range(B))), delays=[1, 1, 0, 0])
+    assert [ops for _, ops in result["events"]] == [[("all_reduce", b)] for b in reversed(range(B))] + [[], []]
+    assert result["delays"] == [1, 1, 0, 0]
+    assert result["reductions_waited"] == "when_backward_returns"  # .grad holds what step() applies
+    assert _C._testing.policy_ops("deft", "replicated", [100] * B, list(reversed(range(B))))["delays"] == [0] * B
+    with pytest.raises(ValueError, match="deft got delays for 2 buckets, but the layout has 4"):
+        _C._testing.policy_ops("deft", "replicated", [100] * B, list(reversed(range(B))), delays=[1, 0])
+    with pytest.raises(ValueError, match="schedule='wfbp' applies every bucket in the step of its backward; delays "
+                                         "apply to schedule='deft'"):
+        _C._testing.policy_ops("wfbp", "replicated", [100] * B, list(reversed(range(B))), delays=[1, 0, 0, 0])
+    with pytest.raises(ValueError, match="bucket 1 has delay -1"):
+        _C.resolve_schedule("deft").with_bucket_delays([0, -1])

@@ -156,7 +156,7 @@ def copy_worker(rank, world_size):
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
         ema, ref_ema = copy.deepcopy(model), copy.deepcopy(reference)
         # usbyte's planner removes its own hook at the first training forward: not counted.
-        planner = {model._dear.usbyte.handle.id} if model._dear.usbyte else set()
+        planner = {model._dear.planner.handle.id} if model._dear.planner else set()
 
         def pre_hooks():
             return {name: [(k, h) for k, h in sub._forward_pre_hooks.items() if k not in planner]

@@ -42,7 +42,7 @@ def planned_worker(rank, world_size):
     model, optimizer = dearcomm.wrap(model, optimizer, schedule="usbyte")
     train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=6)
     runtime = model._dear
-    plan = runtime.usbyte.plan
+    plan = runtime.planner.plan
     layout, index = runtime.engine.layout, runtime.index
     pieces = {}
     for name, p in model.named_parameters():

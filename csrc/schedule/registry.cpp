@@ -12,6 +12,7 @@ std::unique_ptr<SchedulePolicy> make_wfbp_policy();
 std::unique_ptr<SchedulePolicy> make_dear_policy(UpdateStrategy update);
 std::unique_ptr<SchedulePolicy> make_bytescheduler_policy(int64_t credit_bytes);
 std::unique_ptr<SchedulePolicy> make_usbyte_policy(std::vector<int64_t> priorities);
+std::unique_ptr<SchedulePolicy> make_deft_policy(std::vector<int64_t> delays);
 
 // The ByteScheduler paper's recommendation for all-reduce: partitions of 8 M
 // and a credit of 16 M parameters (fp32 here).
@@ -41,6 +42,15 @@ const std::vector<ScheduleInfo>& schedule_registry() {
        "replicated",
        [](UpdateStrategy, const PolicyConfig& config) { return make_usbyte_policy(config.bucket_priorities); },
        /*default_partition_bytes=*/INT64_MAX, /*default_credit_bytes=*/0, /*takes_priorities=*/true},  // blocks: the planner's
+      {"deft",
+       "bucketed all-reduce during backward in bucket order, as wfbp, with the buckets a planner chose "
+       "(wrap(delays=), dearcomm.deft) applied up to max_delay iterations late, so their communication overlaps "
+       "the next iteration's compute",
+       {{"replicated", UpdateStrategy::kFullAfterReduction}},
+       "replicated",
+       [](UpdateStrategy, const PolicyConfig& config) { return make_deft_policy(config.bucket_delays); },
+       /*default_partition_bytes=*/INT64_MAX, /*default_credit_bytes=*/0, /*takes_priorities=*/false,
+       /*takes_delays=*/true},
   };
   return registry;
 }
