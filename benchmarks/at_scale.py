@@ -80,6 +80,8 @@ def tuning_grid(schedule: str) -> List[Dict]:
     entry = next(e for e in _registry() if e["name"] == schedule)
     if schedule == "usbyte":
         return []  # plan_modules tunes its unit
+    if schedule == "deft":
+        return [dict(bucket_mb=b) for b in BUCKET_GRID]  # its planner's delays for each bucket size
     if entry["default_credit_bytes"] > 0:
         return [dict(partition_mb=p, bucket_mb=p, credit_mb=c) for p in PARTITION_GRID for c in CREDIT_GRID]
     return [dict(bucket_mb=b) for b in BUCKET_GRID]
@@ -98,6 +100,8 @@ def simulate_one(profile: ScaleProfile, network: str, world: int, kw: Dict,
     if kw["schedule"] == "usbyte":  # its blocks and order are its planner's, whatever the setting
         job = usbyte_plan(profile, network, world)
         setting = job.simulate_options()
+    if kw["schedule"] == "deft":  # its planner's delays for the bucket size (max_delay 1, the default)
+        setting = deft_plan(profile, network, world, setting.get("bucket_mb", 25.0)).simulate_options()
     return dearcomm.simulate(list(profile.modules), world_size=world, network=dearcomm.network_preset(network),
                              step_ms=profile.step_ms, iterations=ITERATIONS, **kw, **setting)
 
@@ -115,6 +119,21 @@ def usbyte_plan(profile: ScaleProfile, network: str, world: int):
         _USBYTE_PLANS[key] = plan_modules(list(profile.modules), dearcomm.network_preset(network), world,
                                           step_ms=profile.step_ms)
     return _USBYTE_PLANS[key]
+
+
+_DEFT_PLANS: Dict[Tuple[str, str, int, float], object] = {}
+
+
+def deft_plan(profile: ScaleProfile, network: str, world: int, bucket_mb: float):
+    """DeFT's plan for the row and bucket size (dearcomm.deft.plan_modules:
+    every suffix of the launch order delayed one iteration, simulated)."""
+    from dearcomm.deft import plan_modules
+
+    key = (profile.name, network, world, bucket_mb)
+    if key not in _DEFT_PLANS:
+        _DEFT_PLANS[key] = plan_modules(list(profile.modules), dearcomm.network_preset(network), world,
+                                        step_ms=profile.step_ms, bucket_mb=bucket_mb)
+    return _DEFT_PLANS[key]
 
 
 def simulate_row(profile: ScaleProfile, network: str, world: int, tune: bool) -> Dict:
@@ -167,7 +186,7 @@ def overlap_ceiling(profile: ScaleProfile) -> float:
 # ---- printing ----------------------------------------------------------------------------------
 
 SHORT = {"wfbp": "wfbp", "dear-sharded": "dear-sh", "dear-replicated": "dear-rep", "bytescheduler": "bytesch",
-         "usbyte": "usbyte"}
+         "usbyte": "usbyte", "deft": "deft"}
 
 
 def short(name: str) -> str:
@@ -301,8 +320,16 @@ def claims(rows: List[Dict], profiles: Dict[str, ScaleProfile], tuned: bool) -> 
                             over_bytescheduler=(min(over_bs), max(over_bs)), over_wfbp=(min(over_wfbp), max(over_wfbp)),
                             rows=len(mine)))
     lines.append("DeFT (2025): 1.29-2.15x over US-Byte and ByteScheduler on 16 A100 GPUs")
-    lines.append("  not implemented in dearcomm yet: no simulated figure")
-    records += [dict(claim="DeFT 1.29-2.15x", simulated=None, note="not implemented")]
+    for key in keys if mine else []:
+        over_us = [r[key]["usbyte"]["iteration_ms"] / r[key]["deft"]["iteration_ms"] for r in mine]
+        over_bs = [r[key]["bytescheduler"]["iteration_ms"] / r[key]["deft"]["iteration_ms"] for r in mine]
+        fastest = [r for r in mine if best_of(r[key]) == "deft"]
+        lines.append(f"  simulated, {SETTINGS[key]}: deft (max_delay 1) over usbyte {min(over_us):.2f}x-"
+                     f"{max(over_us):.2f}x, over bytescheduler {min(over_bs):.2f}x-{max(over_bs):.2f}x, over "
+                     f"{len(mine)} rows; fastest schedule in {len(fastest)} of them")
+        records.append(dict(claim="DeFT 1.29-2.15x", settings=key, over_usbyte=(min(over_us), max(over_us)),
+                            over_bytescheduler=(min(over_bs), max(over_bs)), rows=len(mine),
+                            deft_fastest=len(fastest)))
     return lines, records
 
 

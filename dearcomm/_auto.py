@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import autotune
+from . import autotune, deft
 from ._options import WrapOptions
 from .contention import measure_contention
 from .prediction import Network
@@ -136,7 +136,8 @@ class AutoPlan:
 
 
 def _describe(options: Dict[str, Any]) -> str:
-    planned = {"blocks": "parameters in blocks", "priorities": "parameters ranked"}  # a planner's: counted
+    planned = {"blocks": "parameters in blocks", "priorities": "parameters ranked",
+               "delays": "parameters delayed"}  # a planner's: counted
     return " ".join(f"{k}=<{len(v)} {planned[k]}>" if k in planned else f"{k}={v}"
                     for k, v in options.items() if v is not None)
 
@@ -158,6 +159,10 @@ def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[st
     if auto and start.get("schedule") == "usbyte":
         raise ValueError(f"dearcomm: schedule='usbyte' plans its own blocks and order at the first training "
                          f"forward; {'/'.join(auto)}='auto' does not apply to it")
+    if auto and start.get("schedule") == "deft":
+        raise ValueError(f"dearcomm: schedule='deft' plans its own delays at the first training forward; "
+                         f"{'/'.join(auto)}='auto' does not apply to it (schedule='auto' with max_delay= "
+                         f"considers deft beside the others)")
     if "schedule" in auto and start.get("credit_mb") is not None:
         raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
                          "'auto' (the planner sets it where it picks bytescheduler)")
@@ -168,8 +173,10 @@ class AutoPlanner:
     """The runtime's "auto" part (see the module's docstring)."""
 
     def __init__(self, runtime, module: nn.Module, optimizer: torch.optim.Optimizer, auto: Tuple[str, ...],
-                 update_given: bool) -> None:
+                 update_given: bool, max_delay: Optional[int] = None) -> None:
         self.runtime = runtime
+        # wrap(schedule="auto", max_delay=d): deft with delays up to d is a candidate (0 once its guard fired).
+        self.max_delay = max_delay or 0
         self.optimizer = optimizer  # the user's: profiling times its full step
         self.auto = auto
         self.update_free = "schedule" in auto and not update_given  # the planner picks the update too
@@ -278,6 +285,14 @@ class AutoPlanner:
                 and options.priorities is None and (self.update_free or options.update == "replicated")
                 and ("partition_mb" in self.auto or options.partition_mb is None))
 
+    def _deft_open(self) -> bool:
+        """Whether deft is a candidate: only where the user allowed delays
+        (they change what training computes) and the schedule is "auto"."""
+        options = self.runtime.options
+        return ("schedule" in self.auto and self.max_delay > 0
+                and (self.update_free or options.update == "replicated")
+                and ("partition_mb" in self.auto or options.partition_mb is None))
+
     def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
         chosen = None
@@ -295,6 +310,10 @@ class AutoPlanner:
             if self._usbyte_open():
                 result = _with_usbyte(result, profile, network, runtime)
                 keys += ("blocks", "priorities")  # None for every other candidate: switching clears them
+            if self._deft_open():
+                result = _with_deft(result, profile, network, runtime, fixed("bucket_mb", autotune.BUCKET_MB),
+                                    self.max_delay)
+                keys += ("delays", "max_delay")
             first, runners_up = _shortlist(result)
             shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
@@ -373,6 +392,22 @@ def _with_usbyte(result: autotune.Plan, profile: TrainingProfile, network: Netwo
     usbyte = autotune.Candidate(dict(job.wrap_options(), schedule="usbyte", update="replicated", partition_mb=None,
                                      credit_mb=None), job.predicted_ms)
     candidates = sorted(list(result.candidates) + [usbyte], key=lambda c: c.predicted_ms)  # stable: ties keep order
+    return dataclasses.replace(result, best=candidates[0], candidates=candidates)
+
+
+def _with_deft(result: autotune.Plan, profile: TrainingProfile, network: Network, runtime,
+               bucket_sizes, max_delay: int) -> autotune.Plan:
+    """The simulated candidates and DeFT's plan for each bucket size
+    (dearcomm.deft.plan_job: the delays that hide the most, least stale),
+    fastest first."""
+    added = []
+    for bucket_mb in bucket_sizes:
+        job = deft.plan_job(profile, network, runtime.world_size, bucket_mb=bucket_mb,
+                            comm_dtype=runtime.options.comm_dtype, max_delay=max_delay)
+        added.append(autotune.Candidate(dict(job.wrap_options(), schedule="deft", update="replicated",
+                                             partition_mb=None, credit_mb=None, max_delay=max_delay),
+                                        job.predicted_ms))
+    candidates = sorted(list(result.candidates) + added, key=lambda c: c.predicted_ms)  # stable: ties keep order
     return dataclasses.replace(result, best=candidates[0], candidates=candidates)
 
 

@@ -153,4 +153,6 @@ class DelayedUpdates:
                                "gradient norm (median of the last %d steps) grew from %.3g to %.3g, over %gx; "
                                "every bucket is applied on time from now on", self.steps, WINDOW, self.baseline,
                                recent, GROWTH)
+            if runtime.auto is not None:
+                runtime.auto.max_delay = 0  # nor may "auto" choose delays again
             runtime.reconfigure(dataclasses.replace(runtime.options, delays={}, max_delay=0))

@@ -10,7 +10,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from . import _exit
-from ._auto import AUTO_OPTIONS, AutoPlanner, split_auto
+from ._auto import AUTO, AUTO_OPTIONS, AutoPlanner, split_auto
 from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
@@ -99,7 +99,9 @@ def wrap(
             side first.
         max_delay: schedule="deft" only: at most how many iterations late a
             bucket's averaged gradient may be applied (default 1; 0: none,
-            deft is then wfbp).
+            deft is then wfbp). With schedule="auto": the planner may also
+            choose deft, with delays up to this (without it, "auto" picks
+            among the schedules that apply every gradient in its own step).
         delays: schedule="deft" only: {parameter name: iterations late}, as
             a planner chose them (dearcomm.deft); the parameters of a bucket
             share its delay. Default: deft plans them at the first training
@@ -140,7 +142,7 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
-    options, auto = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
+    options, auto, auto_max_delay = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
                                     priorities=priorities, max_delay=max_delay, delays=delays,
                                     credit_mb=credit_mb, schedule=schedule, update=update,
                                     process_group=process_group, timeout=timeout,
@@ -164,20 +166,27 @@ def wrap(
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     if auto:
-        runtime.auto = AutoPlanner(runtime, module, optimizer, auto, update_given=update is not None)
+        runtime.auto = AutoPlanner(runtime, module, optimizer, auto, update_given=update is not None,
+                                   max_delay=auto_max_delay)
     elif plans_itself(options) and runtime.world_size > 1:
         runtime.planner = SelfPlanner(runtime, module, optimizer)  # plans at the first training forward
     _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
 
 
-def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...]]:
+def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[int]]:
     """wrap()'s keyword options ("auto" included) -> the options to start
-    with and the names that are "auto"; a bad one raises, without a model or
-    a process group (the integrations check theirs with it before they start)."""
+    with, the names that are "auto", and, with schedule="auto", the
+    max_delay that lets it consider deft (None: it does not); a bad one
+    raises, without a model or a process group (the integrations check
+    theirs with it before they start)."""
+    auto_max_delay = None
+    if options.get("schedule") == AUTO and options.get("max_delay") is not None:
+        auto_max_delay = options.pop("max_delay")  # what deft may delay, if "auto" picks it
+        WrapOptions(schedule="deft", max_delay=auto_max_delay)  # checks it
     start, auto = split_auto({name: options.pop(name) for name in AUTO_OPTIONS if name in options},
                              options.get("blocks"))
-    return WrapOptions(**start, **options), auto
+    return WrapOptions(**start, **options), auto, auto_max_delay
 
 
 def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:

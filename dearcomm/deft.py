@@ -58,6 +58,7 @@ class DeftPlan:
     """Per parameter: iterations late (0: on time)."""
     bucket_mb: float
     """The bucket size the plan was made for (its buckets share a delay)."""
+    max_delay: int
     chosen: Candidate
     candidates: Tuple[Candidate, ...]
     """Every filling tried, in the order tried."""
@@ -75,6 +76,11 @@ class DeftPlan:
         """wrap()'s options for this plan: delays by parameter name (and the
         bucket size the delays were planned for)."""
         return {"delays": {n: d for n, d in zip(self.names, self.delays) if d}, "bucket_mb": self.bucket_mb}
+
+    def simulate_options(self) -> Dict:
+        """dearcomm.simulate()'s options for this plan (delays by position;
+        simulate max_delay + 3 iterations or more to see the steady state)."""
+        return {"delays": list(self.delays), "bucket_mb": self.bucket_mb, "max_delay": self.max_delay}
 
     def describe(self) -> str:
         if not self.chosen.delayed_buckets:
@@ -127,4 +133,4 @@ def plan_modules(modules: Sequence[ModuleProfile], network: Network, world_size:
     chosen = min((c for c in candidates if c.predicted_ms <= fastest * (1 + tolerance)),
                  key=lambda c: (c.staleness, c.predicted_ms))
     delays = tuple(chosen.delay if b < chosen.delayed_buckets else 0 for b in bucket_of)
-    return DeftPlan(names, delays, bucket_mb, chosen, tuple(candidates))
+    return DeftPlan(names, delays, bucket_mb, max_delay, chosen, tuple(candidates))

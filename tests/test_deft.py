@@ -6,6 +6,7 @@ max_delay=0 trains exactly as one process on the global batch; a job plans
 its own delays; the guard switches delays off where they make training
 diverge and leaves them where they do not."""
 import copy
+import dataclasses
 import itertools
 import traceback
 
@@ -355,3 +356,67 @@ def test_max_delay_bounds_the_plan():
     assert dearcomm.deft.plan_modules(modules, network, 4, max_delay=0).delays == (0,) * 8
     plan = dearcomm.deft.plan_modules(modules, network, 4, max_delay=2, bucket_mb=4.0)
     assert max(plan.delays) <= 2 and {c.delay for c in plan.candidates} == {0, 1, 2}
+
+
+# ---- schedule="auto" ------------------------------------------------------------------------------------
+
+
+def auto_worker(rank, world_size, max_delay):
+    """schedule="auto": with max_delay, deft's plans are candidates, here
+    the fastest that delays something made the one kept (a shortlist of
+    that one); the job then trains exactly as the delayed reference with
+    the delays it chose, from the first step."""
+    import dearcomm._auto as auto
+
+    if max_delay:
+        auto._shortlist = lambda result: ([c for c in result.candidates
+                                           if c.options["schedule"] == "deft" and c.options["delays"]][:1], [])
+        measure = auto.measure_job
+
+        def link_as_slow_as_compute(*args):
+            # As measured, but on a link whose all-reduce of the model takes as long as a forward and
+            # backward: there the input side's all-reduces are exposed and delaying them hides them (on
+            # this machine's loopback the planner may find nothing to hide).
+            profile, network = measure(*args)
+            megabits = sum(p.numel for m in profile.modules for p in m.params) * 32 / 1e6
+            gbit_s = megabits / (profile.forward_ms + profile.backward_ms)
+            return profile, dataclasses.replace(network, alpha_us=1.0, gbit_s=gbit_s, per_kind={},
+                                                compute_slowdown=1.0, comm_slowdown=1.0)
+        auto.measure_job = link_as_slow_as_compute
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    reference = copy.deepcopy(model)
+    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", max_delay=max_delay)
+    g = torch.Generator().manual_seed(1)
+    swap = None
+    for _ in range(5):
+        x, y = torch.randn(4 * world_size, 64, generator=g), torch.randint(0, 10, (4 * world_size,), generator=g)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]).backward()
+        optimizer.step()
+        if swap is None:
+            swap = DelayedReference(reference, model._dear.options.delays or {}).swap
+        ref_optimizer.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        swap()
+        ref_optimizer.step()
+    model.sync()  # the schedule "auto" kept may update in the next forward
+    plan = model.auto_plan()
+    considered = {options.get("schedule") for options, _ in plan.shortlist + plan.runners_up}
+    return dict(schedule=model._dear.options.schedule, delays=model._dear.options.delays,
+                difference=differences(model, reference), plan=str(plan), considered=considered)
+
+
+def test_auto_with_max_delay_can_choose_deft_and_trains_with_its_delays():
+    for rank, result in enumerate(run_workers(auto_worker, 2, 1, deadline=300)):
+        assert result["schedule"] == "deft" and result["delays"], f"rank {rank}: {result['schedule']}"
+        assert result["difference"] == {}, f"rank {rank}"
+        assert "schedule=deft" in result["plan"] and "parameters delayed>" in result["plan"], result["plan"]
+
+
+def test_auto_without_max_delay_keeps_every_gradient_on_time():
+    for result in run_workers(auto_worker, 2, None, deadline=300):
+        assert "deft" not in result["considered"] and result["schedule"] != "deft"
+        assert not result["delays"] and result["difference"] == {}
