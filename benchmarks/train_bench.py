@@ -83,6 +83,9 @@ SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
              "bytescheduler": ("bytescheduler", "replicated"),
              # US-Byte: blocks and order planned at the first forward (profile, probe). No modifiers.
              "usbyte": ("usbyte", "replicated"),
+             # DeFT: delays (max_delay 1) planned at the first forward. It changes what
+             # training computes: benchmarks/deft_convergence.py measures the cost in steps.
+             "deft": ("deft", "replicated"),
              # A control, not a schedule: DDP plus the bytes dear all-gathers, sent
              # with torch.distributed beside DDP's forward and waited at its end.
              # What moving them during the forward costs on this machine, without
@@ -348,8 +351,9 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
     same collectives at the same points, overlapped: what FSDP2 reaches where
     its collectives run beside compute, which they do not on CPU), with
     buckets of --bucket-mb standing in for its units. auto and dear-bo: with
-    the options they chose (``chosen``); usbyte with the blocks and priorities
-    it planned (``planned``, by parameter name; ``names``: the profile's)."""
+    the options they chose (``chosen``); usbyte and deft with what they
+    planned (``planned``: blocks, priorities and delays by parameter name;
+    ``names``: the profile's)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -367,9 +371,11 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown)
     extra = {}
-    if planned is not None:
-        blocks, priorities = planned
-        extra = dict(blocks=[list(blocks.get(n, ())) for n in names], priorities=[priorities.get(n) for n in names])
+    if planned is not None and schedule == "usbyte":
+        extra = dict(blocks=[list(planned["blocks"].get(n, ())) for n in names],
+                     priorities=[planned["priorities"].get(n) for n in names])
+    if planned is not None and schedule == "deft":
+        extra = dict(delays=[planned["delays"].get(n, 0) for n in names], iterations=4)
     prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
                                    step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit,
                                    **extra)
@@ -687,8 +693,8 @@ def main():
             chosen = dict(schedule="dear", update="sharded", bucket_mb=tuned[name].bucket_mb, partition_mb=None,
                           credit_mb=None)
         runtime = getattr(runs[name][0], "_dear", None)
-        planned = (runtime.options.blocks or {}, runtime.options.priorities or {}) \
-            if runtime is not None and runtime.options.schedule == "usbyte" else None
+        planned = {k: getattr(runtime.options, k) or {} for k in ("blocks", "priorities", "delays")} \
+            if runtime is not None else None
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen, planned=planned,
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])
@@ -704,6 +710,7 @@ def main():
                           minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
+                          delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
         if name in tuned:
             rows[name].update(bo_bucket_mb=tuned[name].bucket_mb, bo_trials=tuned[name].trials,
