@@ -23,7 +23,14 @@ CAP_BYTES = 1200                        # -> buckets [300], [200, 100], [50, 25,
 # first is adopted by the fourth backward), so the link is taken to keep up and
 # each all-reduce goes when ready either way; test_link_model_* below runs more.
 SCHEDULES = [("dear", "sharded", 0), ("dear", "replicated", 0), ("wfbp", "replicated", 0),
-             ("bytescheduler", "replicated", 0), ("bytescheduler", "replicated", 400)]
+             ("bytescheduler", "replicated", 0), ("bytescheduler", "replicated", 400),
+             ("usbyte", "replicated", 0), ("deft", "replicated", 0)]
+DEFT_DELAYS = [1, 0, 0]  # the input-side bucket, launched last, one step late
+
+
+def choice_of(schedule, update, credit):
+    choice = _C.resolve_schedule(schedule, update, credit or None)
+    return choice.with_bucket_delays(DEFT_DELAYS) if schedule == "deft" else choice
 
 
 def arrival_order(rank):
@@ -40,7 +47,7 @@ def traced_engine(sizes, cap_bytes, world_size, schedule, update, credit):
     layout = _C.plan_buckets(sizes, [torch.float32] * len(sizes), cap_bytes, world_size)
     params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
     engine = _C.Engine(layout, params, [f"p{i}" for i in range(len(sizes))], dist.group.WORLD,
-                       _C.resolve_schedule(schedule, update, credit or None), 60.0)
+                       choice_of(schedule, update, credit), 60.0)
     engine.set_tracing(True)
     return layout, engine
 
@@ -74,6 +81,8 @@ def one_iteration(rank, world_size, schedule, update, credit):
     for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
         engine.require_bucket(b)
         note()
+    engine.flush()  # deft: waits for the delayed all-reduce (the simulation ends with one too)
+    note()
     return len(layout.buckets), states, issued(engine), engine.prefetch_misses, engine.take_records()
 
 
@@ -95,6 +104,12 @@ EXPECTED = {
     # taken to have sent the previous one.
     ("bytescheduler", "replicated", 400): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
                                            lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+    # No planner's priorities and no link model yet: each block goes when ready, updated as bytescheduler.
+    ("usbyte", "replicated", 0): (["IDLE", "BACKWARD", "GATHERING", "IDLE"],
+                                  lambda B: [("all_reduce", b) for b in reversed(range(B))]),
+    # wfbp's order; bucket 0's all-reduce is left in flight by step() (the flush waits for it).
+    ("deft", "replicated", 0): (["IDLE", "BACKWARD", "REDUCED", "IDLE"],
+                                lambda B: [("all_reduce", b) for b in reversed(range(B))]),
 }
 
 
@@ -135,8 +150,7 @@ def simulated_records(world_size, schedule, update, credit):
     layout = _C.plan_buckets(SIZES, [torch.float32] * len(SIZES), CAP_BYTES, world_size)
     modules = [(f"m{i}", 0.0, 0.0, [i]) for i in range(len(SIZES))]  # one parameter each; backward: last first
     costs = {kind: (1e-5, 1e-9) for kind in ("reduce_scatter", "all_gather", "all_reduce")}
-    result = _C.simulate(layout, None, modules, 0.0, SIZES, _C.resolve_schedule(schedule, update, credit or None),
-                         costs, 1)
+    result = _C.simulate(layout, None, modules, 0.0, SIZES, choice_of(schedule, update, credit), costs, 1)
     return result["records"]
 
 

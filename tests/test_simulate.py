@@ -206,3 +206,26 @@ def test_every_schedule_and_update_runs_on_the_simulated_device():
             p = dearcomm.simulate(PROFILE, schedule=name, update=update, world_size=4, network=NETWORK,
                                   step_ms=1.0, bucket_mb=0.5)
             assert math.isfinite(p.iteration_ms) and p.iteration_ms >= 9.0  # compute alone: 3 + 6 ms
+
+
+def test_hand_computed_timeline_of_deft_with_the_input_side_bucket_one_step_late():
+    """deft, bucket 0 delayed: its all-reduce (launched last, ending 2 ms
+    after backward) is no longer waited when backward returns but by the
+    next backward's end, so each iteration is 11 ms instead of wfbp's 13."""
+    p = dearcomm.simulate(PROFILE, schedule="deft", world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0,
+                          iterations=2, delays=[1, 0, 0])
+    got = [(op["kind"], op["bucket"], op["iteration"], pytest.approx(op["start_ms"], abs=1e-9),
+            pytest.approx(op["end_ms"], abs=1e-9)) for op in p.ops]
+    assert got == [
+        # it 0: fwd [0,3]; bwd m2 [3,5] -> AR2 [5,7], m1 -> AR1 [7,9], m0 [7,9] -> AR0 [9,11], left in flight;
+        # backward returns at 9 (AR1), step [9,11]
+        ("all_reduce", 2, 0, 5, 7), ("all_reduce", 1, 0, 7, 9),
+        # it 1 starts at 11: fwd [11,14], bwd m2 [14,16] -> AR2 [16,18], m1 -> AR1 [18,20], m0 -> AR0 [20,22] in
+        # slot 1; backward returns at 20 with it 0's AR0 (ended at 11) for bucket 0; step [20,22]
+        ("all_reduce", 2, 1, 16, 18), ("all_reduce", 1, 1, 18, 20), ("all_reduce", 0, 0, 9, 11),
+        # the final forward starts at 22: iteration = 22 - 11; its flush waits for it 1's AR0
+        ("all_reduce", 0, 1, 20, 22),
+    ]
+    assert p.iteration_ms == pytest.approx(11.0)
+    assert dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0,
+                             iterations=2).iteration_ms == pytest.approx(13.0)
