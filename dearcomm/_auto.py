@@ -217,7 +217,19 @@ class AutoPlanner:
         self._reference_ms = plan.predicted_ms
         self._start_measuring(skip=1 if self._trying else WARMUP)
 
+    def forbid_delays(self) -> None:
+        """deft's guard fired: no candidate trains with delays from now on."""
+        self.max_delay = 0
+
+    def keep(self) -> None:
+        """A checkpoint's deft plan was loaded: train with it, plan no more."""
+        self._plan_due = self._trying = False
+        self._switch_to = None
+        self._reference_ms = None  # nothing measured to compare with: no drift check
+
     def _train_with(self, options: Dict[str, Any]) -> None:
+        if not self.max_delay and options.get("delays"):
+            options = dict(options, delays={}, max_delay=0)  # the guard fired: deft on time (as wfbp)
         current = {name: getattr(self.runtime.options, name) for name in options}
         if options != current:
             self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **options))

@@ -228,12 +228,13 @@ class DistributedOptimizer(Optimizer):
         (none where it has none)."""
         self._runtime.sync()
         delayed = state_dict.get(DELAYED_KEY)
-        if self._runtime.options.choice.takes_delays:
+        auto = self._runtime.auto
+        if self._runtime.options.choice.takes_delays or (auto is not None and auto.max_delay):
             self._runtime.delayed.load_state_dict(delayed)
         elif delayed and any(delayed["pending"].values()):
             raise ValueError(f"dearcomm: this checkpoint holds delayed gradients of schedule='deft' (parameters "
                              f"{sorted(delayed['delays'])}) that later steps apply; load it into a model wrapped "
-                             f"with schedule='deft', or they would be lost")
+                             f"with schedule='deft' (or schedule='auto' with max_delay), or they would be lost")
         self._update.load_state_dict({k: v for k, v in state_dict.items() if k != DELAYED_KEY})
 
     def _with_delayed(self, state: Dict[str, Any]) -> Dict[str, Any]:

@@ -262,21 +262,23 @@ def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
     return checked
 
 
+def checked_delay(delay, max_delay: int, what: str) -> int:
+    """One delay as a plain int in [0, max_delay], or a ValueError naming `what`."""
+    try:
+        if isinstance(delay, bool):
+            raise TypeError
+        value = operator.index(delay)
+    except TypeError:
+        raise ValueError(f"dearcomm: {what} must be an int number of iterations, got {delay!r}") from None
+    if not 0 <= value <= max_delay:
+        raise ValueError(f"dearcomm: {what} is {value}; it must be between 0 and max_delay ({max_delay})")
+    return value
+
+
 def _checked_delays(delays, max_delay: int) -> Dict[str, int]:
     """A copy of `delays` with plain ints, each in [0, max_delay], or an error naming the entry."""
-    checked = {}
-    for name, delay in _by_parameter_name(delays, "delays", "iterations late (int)"):
-        try:
-            if isinstance(delay, bool):
-                raise TypeError
-            checked[name] = operator.index(delay)
-        except TypeError:
-            raise ValueError(f"dearcomm: delays[{name!r}] must be an int number of iterations, got {delay!r}") \
-                from None
-        if not 0 <= checked[name] <= max_delay:
-            raise ValueError(f"dearcomm: delays[{name!r}] is {checked[name]}; it must be between 0 and max_delay "
-                             f"({max_delay})")
-    return checked
+    return {name: checked_delay(delay, max_delay, f"delays[{name!r}]")
+            for name, delay in _by_parameter_name(delays, "delays", "iterations late (int)")}
 
 
 def _checked_priorities(priorities) -> Dict[str, int]:

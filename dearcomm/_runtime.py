@@ -278,13 +278,12 @@ class DearRuntime:
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()
-        self.delayed.step_ended()  # may switch delays off (reconfigure)
-        if not self._update_hooks:
-            return
-        self._unreported = list(range(len(self.engine.layout.buckets)))
-        self._reported.reset()
-        if self.engine.state != _C.IterationState.GATHERING:
-            self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
+        if self._update_hooks:
+            self._unreported = list(range(len(self.engine.layout.buckets)))
+            self._reported.reset()
+            if self.engine.state != _C.IterationState.GATHERING:
+                self._report_updates(list(self._unreported))  # wfbp, or a skipped step: current already
+        self.delayed.step_ended()  # last: switching delays off rebuilds the engine
 
     def _report_updates(self, buckets: List[int]) -> None:
         """Runs the update hooks for ``buckets``, now current. A parameter that

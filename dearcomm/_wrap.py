@@ -70,8 +70,8 @@ def wrap(
     waits for each module's own all-reduces and updates its parameters with
     your optimizer (update="replicated" only).
     schedule="deft" all-reduces as wfbp, but applies the buckets a planner
-    chose (delays) max_delay iterations late: their all-reduces overlap the
-    step and the next iteration. When backward returns, ``.grad`` holds what
+    chose (delays) one or more steps late (each its own delay, at most
+    max_delay): their all-reduces overlap the step and the next iteration. When backward returns, ``.grad`` holds what
     step() applies (for a delayed parameter, the average of an earlier
     backward; None in its first steps, which then skip it).
 
@@ -181,6 +181,9 @@ def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[i
     raises, without a model or a process group (the integrations check
     theirs with it before they start)."""
     auto_max_delay = None
+    if options.get("schedule") == AUTO and options.get("delays") is not None:
+        raise ValueError("dearcomm: delays are deft's plan for one job; with schedule='auto' give max_delay, and "
+                         "auto plans the delays where it picks deft")
     if options.get("schedule") == AUTO and options.get("max_delay") is not None:
         auto_max_delay = options.pop("max_delay")  # what deft may delay, if "auto" picks it
         WrapOptions(schedule="deft", max_delay=auto_max_delay)  # checks it

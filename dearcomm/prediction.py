@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from . import _C
-from ._options import WrapOptions
+from ._options import WrapOptions, checked_delay
 from ._delays import bucket_delays
 from ._priorities import bucket_priorities
 
@@ -197,11 +197,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if delays is not None:
         if len(delays) != len(numels):
             raise ValueError(f"dearcomm: delays has {len(delays)} entries; the profile has {len(numels)} parameters")
-        limit = options.effective_max_delay
-        bad = [d for d in delays if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= limit]
-        if bad:
-            raise ValueError(f"dearcomm: delays must be ints between 0 and max_delay ({limit}), got {bad[0]!r}")
-        choice = choice.with_bucket_delays(bucket_delays(layout, list(delays)))
+        delays = [checked_delay(d, options.effective_max_delay, f"delays[{i}]") for i, d in enumerate(delays)]
+        choice = choice.with_bucket_delays(bucket_delays(layout, delays))
     costs = network.costs()
     for name in ("compute_slowdown", "comm_slowdown"):
         factor = getattr(network, name)

@@ -161,33 +161,60 @@ def build_reference(optim):
 
 def checkpoint_worker(rank, world_size, delays):
     """Checkpoint after 3 steps (every rank calls state_dict(), as a rank-0
-    save does), go on to STEPS; a second job loads it and trains the rest:
-    both end equal, and equal to the delayed reference."""
+    save does), go on to STEPS. A second job loads it, trains one step,
+    checkpoints again and goes on; a third resumes from that second
+    checkpoint; the first rolls back to the first checkpoint in place (a
+    live engine with its own delayed gradients) and trains the rest again.
+    All end equal, and equal to the delayed reference."""
     model, optimizer, scheduler, reference, ref_optimizer, ref_scheduler = build("sgd", delays)
     loop(model, optimizer, scheduler, rank, world_size, 3, None, 1)
-    saved = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scheduler.state_dict()))
+    first = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scheduler.state_dict()))
     loop(model, optimizer, scheduler, rank, world_size, STEPS, None, 1, start=3)
-    # The resumed job: wrapped as a fresh process would, planning its own delays (none given), then loaded.
-    resumed, resumed_optimizer, resumed_scheduler = build("sgd", None)[:3]
-    resumed.load_state_dict(saved[0])
-    resumed_optimizer.load_state_dict(saved[1])
-    resumed_scheduler.load_state_dict(saved[2])
-    loop(resumed, resumed_optimizer, resumed_scheduler, rank, world_size, STEPS, None, 1, start=3)
+    uninterrupted = copy.deepcopy(model)
+
+    def load(job, saved):  # a copy, as from a file: torch's load_state_dict keeps the tensors it is given
+        for part, state in zip(job, copy.deepcopy(saved)):
+            part.load_state_dict(state)
+        return job
+
+    def resume(saved):  # wrapped as a fresh process would, planning its own delays (none given), then loaded
+        return load(build("sgd", None)[:3], saved)
+    second_job = resume(first)
+    loop(*second_job, rank, world_size, 4, None, 1, start=3)
+    second = copy.deepcopy(tuple(part.state_dict() for part in second_job))
+    loop(*second_job, rank, world_size, STEPS, None, 1, start=4)
+    third_job = resume(second)
+    loop(*third_job, rank, world_size, STEPS, None, 1, start=4)
+    load((model, optimizer, scheduler), first)  # rollback into the live job
+    loop(model, optimizer, scheduler, rank, world_size, STEPS, None, 1, start=3)
     loop(reference, ref_optimizer, ref_scheduler, None, world_size, STEPS, None, 1,
          swap=DelayedReference(reference, delays).swap)
-    pending = {name: len(tensors) for name, tensors in saved[1]["dearcomm_delayed"]["pending"].items()}
-    return dict(resumed=differences(resumed, model), reference=differences(model, reference), pending=pending,
-                delays=resumed._dear.options.delays)
+    pending = {name: len(tensors) for name, tensors in first[1]["dearcomm_delayed"]["pending"].items()}
+    return dict(second=differences(second_job[0], uninterrupted), third=differences(third_job[0], uninterrupted),
+                rollback=differences(model, uninterrupted), reference=differences(uninterrupted, reference),
+                pending=pending, delays=third_job[0]._dear.options.delays)
 
 
 @pytest.mark.parametrize("delays", ["input-side", "two-late"])
 def test_a_checkpoint_holds_the_delayed_gradients_and_resuming_equals_training_on(delays):
     for rank, result in enumerate(run_workers(checkpoint_worker, 2, DELAYS[delays], deadline=240)):
-        assert result["resumed"] == {}, f"rank {rank}"
-        assert result["reference"] == {}, f"rank {rank}"
+        for way in ("second", "third", "rollback", "reference"):
+            assert result[way] == {}, f"rank {rank}, {way}: {result[way]}"
         assert result["delays"] == DELAYS[delays]  # the checkpoint's delays, not a new plan
         assert result["pending"] == DELAYS[delays]  # after 3 steps: `delay` backwards' gradients each
 
+
+def plain_checkpoint_worker(rank, world_size):
+    """A checkpoint without delayed gradients (a plain torch optimizer's)
+    keeps a planning job's planner, and refuses nothing."""
+    model, optimizer = build("sgd", None)[:2]
+    plain = torch.optim.SGD(MixedNet().parameters(), lr=0.1).state_dict()
+    optimizer.load_state_dict({**plain, "param_groups": optimizer.state_dict()["param_groups"]})
+    return model._dear.planner is not None
+
+
+def test_a_checkpoint_without_delays_keeps_the_planner():
+    assert all(run_workers(plain_checkpoint_worker, 2))
 
 def exact_worker(rank, world_size):
     """max_delay=0: no planning, no delay: the global batch in one process."""
@@ -260,7 +287,7 @@ def test_a_job_plans_its_delays_at_the_first_forward_and_trains_with_them():
 # ---- the guard ------------------------------------------------------------------------------------
 
 
-def guard_worker(rank, world_size, lr, steps):
+def guard_worker(rank, world_size, lr, steps, hooked=False):
     """Two parameters pulled to their targets by 0.5 ||p - t||^2 (curvature
     1), SGD without momentum: on time, lr in (1, 2) converges; one step
     late, it diverges (and lr 0.5 converges either way)."""
@@ -272,6 +299,9 @@ def guard_worker(rank, world_size, lr, steps):
     targets = [torch.full((32,), 0.5 + rank), torch.full((32,), -1.0 - rank)]
     optimizer = torch.optim.SGD([near, far], lr=lr)
     model, optimizer = dearcomm.wrap(model, optimizer, schedule="deft", bucket_mb=0.0, delays={"near": 1})
+    updated = []
+    if hooked:  # an EMA's hook: called after every step, also the one where the guard switches
+        model.register_update_hook(lambda params: updated.append(len(params)))
     for _ in range(steps):
         optimizer.zero_grad()
         model()  # the forward pre-hooks; the loss reads the parameters directly
@@ -279,14 +309,15 @@ def guard_worker(rank, world_size, lr, steps):
         optimizer.step()
     mean_target = sum(0.5 + r for r in range(world_size)) / world_size
     return dict(switched_off_at=model._dear.delayed.switched_off_at, delays=model._dear.options.delays,
-                error=(near.detach() - mean_target).abs().max().item())
+                error=(near.detach() - mean_target).abs().max().item(), updated=sum(updated))
 
 
 def test_the_guard_switches_delays_off_where_they_make_training_diverge():
-    results = run_workers(guard_worker, 2, 1.5, 100)
+    results = run_workers(guard_worker, 2, 1.5, 100, True)
     for result in results:
         assert result["switched_off_at"] is not None and result["delays"] == {}
         assert result["error"] < 1e-3  # then it converged on time
+        assert result["updated"] >= 2 * 99  # the update hook ran through the switch (both parameters per step)
     assert results[0]["switched_off_at"] == results[1]["switched_off_at"]
 
 

@@ -79,8 +79,9 @@ int64_t Executor::slot(int64_t bucket, int64_t iteration) const {
 
 std::vector<int64_t> Executor::pending_slots(int64_t bucket) const {
   check_bucket_index(bucket);
-  DEARCOMM_CORE_CHECK(state() == IterationState::kIdle, std::logic_error, "dearcomm: delayed averages are read "
-                      "between steps; the iteration is in state ", to_string(state()));
+  DEARCOMM_CORE_CHECK(state() == IterationState::kIdle, std::logic_error, "dearcomm: delayed gradients are read "
+                      "(optimizer.state_dict()) between steps, after optimizer.step(); the iteration is in state ",
+                      to_string(state()));
   std::vector<int64_t> slots;
   for (int64_t i = std::max<int64_t>(0, iteration_ - delay_[bucket] + 1); i <= iteration_; ++i) {
     const int64_t s = slot(bucket, i);
