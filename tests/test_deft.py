@@ -250,29 +250,40 @@ def test_a_grad_scaler_is_refused_while_buckets_are_delayed():
 # ---- a job that plans its own delays -------------------------------------------------------------
 
 
-def planned_worker(rank, world_size):
+def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
+    """An MLP wrapped with `wrap_options` trained on this rank's slice in a
+    plain loop, beside one process on the global batch that applies the
+    delays the job ended up with (planned at its first forward) from step 0."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    layers = [torch.nn.Linear(64, widths[0])]
+    for a, b in zip(widths, widths[1:] + [10]):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(a, b)]
+    model = torch.nn.Sequential(*layers)
     reference = copy.deepcopy(model)
     optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
-    model, optimizer = dearcomm.wrap(model, optimizer, schedule="deft", bucket_mb=1.0)
+    model, optimizer = dearcomm.wrap(model, optimizer, **wrap_options)
     g = torch.Generator().manual_seed(1)
     swap = None
-    for _ in range(6):
+    for _ in range(steps):
         x, y = torch.randn(4 * world_size, 64, generator=g), torch.randint(0, 10, (4 * world_size,), generator=g)
         optimizer.zero_grad()
         F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]).backward()
         optimizer.step()
-        if swap is None:  # planned at the first forward: the reference takes the plan's delays
-            swap = DelayedReference(reference, model._dear.options.delays).swap
+        if swap is None:
+            swap = DelayedReference(reference, model._dear.options.delays or {}).swap
         ref_optimizer.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         swap()
         ref_optimizer.step()
+    model.sync()  # the schedule "auto" kept may update in the next forward
+    return model, differences(model, reference)
+
+
+def planned_worker(rank, world_size):
+    model, difference = mlp_beside_reference(rank, world_size, [1024, 1024], 6, schedule="deft", bucket_mb=1.0)
     plan = model._dear.planner.plan
     return dict(delays=model._dear.options.delays, planned=plan.wrap_options()["delays"],
-                difference=differences(model, reference), candidates=len(plan.candidates),
+                difference=difference, candidates=len(plan.candidates),
                 buckets=len(model._dear.engine.layout.buckets))
 
 
@@ -414,30 +425,12 @@ def auto_worker(rank, world_size, max_delay):
             return profile, dataclasses.replace(network, alpha_us=1.0, gbit_s=gbit_s, per_kind={},
                                                 compute_slowdown=1.0, comm_slowdown=1.0)
         auto.measure_job = link_as_slow_as_compute
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    reference = copy.deepcopy(model)
-    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
-    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", max_delay=max_delay)
-    g = torch.Generator().manual_seed(1)
-    swap = None
-    for _ in range(5):
-        x, y = torch.randn(4 * world_size, 64, generator=g), torch.randint(0, 10, (4 * world_size,), generator=g)
-        optimizer.zero_grad()
-        F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4]).backward()
-        optimizer.step()
-        if swap is None:
-            swap = DelayedReference(reference, model._dear.options.delays or {}).swap
-        ref_optimizer.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        swap()
-        ref_optimizer.step()
-    model.sync()  # the schedule "auto" kept may update in the next forward
+    model, difference = mlp_beside_reference(rank, world_size, [2048, 512], 5, schedule="auto", bucket_mb="auto",
+                                             max_delay=max_delay)
     plan = model.auto_plan()
     considered = {options.get("schedule") for options, _ in plan.shortlist + plan.runners_up}
     return dict(schedule=model._dear.options.schedule, delays=model._dear.options.delays,
-                difference=differences(model, reference), plan=str(plan), considered=considered)
+                difference=difference, plan=str(plan), considered=considered)
 
 
 def test_auto_with_max_delay_can_choose_deft_and_trains_with_its_delays():
