@@ -298,10 +298,11 @@ def test_a_job_plans_its_delays_at_the_first_forward_and_trains_with_them():
 # ---- the guard ------------------------------------------------------------------------------------
 
 
-def guard_worker(rank, world_size, lr, steps, hooked=False):
-    """Two parameters pulled to their targets by 0.5 ||p - t||^2 (curvature
-    1), SGD without momentum: on time, lr in (1, 2) converges; one step
-    late, it diverges (and lr 0.5 converges either way)."""
+def guard_worker(rank, world_size, lr, steps, hooked=False, curvature=1.0):
+    """Two parameters pulled to their targets by 0.5 c ||p - t||^2 (c = 1),
+    SGD without momentum: on time, lr in (1, 2) converges; one step late,
+    it diverges, its gradients oscillating as they grow (and lr 0.5
+    converges either way). c < 0 pushes them away: steady growth."""
     torch.manual_seed(0)
     near, far = torch.nn.Parameter(torch.full((32,), 3.0)), torch.nn.Parameter(torch.full((32,), 3.0))
     model = torch.nn.Module()
@@ -316,7 +317,7 @@ def guard_worker(rank, world_size, lr, steps, hooked=False):
     for _ in range(steps):
         optimizer.zero_grad()
         model()  # the forward pre-hooks; the loss reads the parameters directly
-        (0.5 * ((near - targets[0]) ** 2).sum() + 0.5 * ((far - targets[1]) ** 2).sum()).backward()
+        (0.5 * curvature * (((near - targets[0]) ** 2).sum() + ((far - targets[1]) ** 2).sum())).backward()
         optimizer.step()
     mean_target = sum(0.5 + r for r in range(world_size)) / world_size
     return dict(switched_off_at=model._dear.delayed.switched_off_at, delays=model._dear.options.delays,
@@ -330,6 +331,15 @@ def test_the_guard_switches_delays_off_where_they_make_training_diverge():
         assert result["error"] < 1e-3  # then it converged on time
         assert result["updated"] >= 2 * 99  # the update hook ran through the switch (both parameters per step)
     assert results[0]["switched_off_at"] == results[1]["switched_off_at"]
+
+
+def test_the_guard_compares_with_the_first_steps_so_steady_growth_trips_it():
+    """Growth of 1.09x a step, without oscillation: within one window of 20
+    the largest gradient is only 2.4x the median, but 10x the first window's
+    median by the second window's end: step 41, the 40th that applied a
+    delayed gradient (the first applies none)."""
+    results = run_workers(guard_worker, 2, 1.0, 45, False, -0.1)
+    assert [r["switched_off_at"] for r in results] == [41, 41]
 
 
 def test_the_guard_leaves_delays_on_where_training_converges():
@@ -374,7 +384,8 @@ def test_a_plan_delays_a_suffix_of_the_launch_order_and_is_what_the_simulator_pr
     modules, network = profile(6.0), dearcomm.Network(alpha_us=50, gbit_s=gbit_s)
     plan = dearcomm.deft.plan_modules(modules, network, 4, step_ms=1.0, bucket_mb=4.0)
     delayed = [i for i, d in enumerate(plan.delays) if d]
-    assert delayed == list(range(len(delayed))) and delayed  # the input side, launched last
+    assert delayed == list(range(len(delayed)))  # the input side, launched last
+    assert 0 < len(delayed) < len(plan.delays)  # some, not all: delaying everything also hides the tail
     assert plan.predicted_ms < plan.undelayed_ms * 0.95
     fastest = min(c.predicted_ms for c in plan.candidates)
     assert plan.predicted_ms <= fastest * (1 + dearcomm.deft.TOLERANCE)
