@@ -288,22 +288,25 @@ class AutoPlanner:
 
     # ---- measuring and planning ------------------------------------------------------
 
+    def _planned_schedule_open(self) -> bool:
+        """Whether a schedule that plans its own pieces (usbyte, deft: update
+        "replicated" only, no partitions) may be chosen at all."""
+        options = self.runtime.options
+        return ("schedule" in self.auto and (self.update_free or options.update == "replicated")
+                and ("partition_mb" in self.auto or options.partition_mb is None))
+
     def _usbyte_open(self) -> bool:
         """Whether usbyte is a candidate: it sets its own buckets, blocks and
-        order, so only where the schedule and the bucket size are "auto"
-        and no other option rules it out."""
+        order, so only where the bucket size is "auto" too and no other
+        option rules it out."""
         options = self.runtime.options
-        return ({"schedule", "bucket_mb"} <= set(self.auto) and options.blocks is None
-                and options.priorities is None and (self.update_free or options.update == "replicated")
-                and ("partition_mb" in self.auto or options.partition_mb is None))
+        return (self._planned_schedule_open() and "bucket_mb" in self.auto and options.blocks is None
+                and options.priorities is None)
 
     def _deft_open(self) -> bool:
         """Whether deft is a candidate: only where the user allowed delays
-        (they change what training computes) and the schedule is "auto"."""
-        options = self.runtime.options
-        return ("schedule" in self.auto and self.max_delay > 0
-                and (self.update_free or options.update == "replicated")
-                and ("partition_mb" in self.auto or options.partition_mb is None))
+        (they change what training computes)."""
+        return self._planned_schedule_open() and self.max_delay > 0
 
     def _plan_on_rank0(self, profile: TrainingProfile, network: Network, reason: str, started: float) -> AutoPlan:
         runtime = self.runtime
@@ -401,10 +404,9 @@ def _with_usbyte(result: autotune.Plan, profile: TrainingProfile, network: Netwo
     """The simulated candidates and US-Byte's own plan for the job (its
     planner's blocks and order; dearcomm.usbyte.plan_job), fastest first."""
     job = plan_job(profile, network, runtime.world_size, comm_dtype=runtime.options.comm_dtype)
-    usbyte = autotune.Candidate(dict(job.wrap_options(), schedule="usbyte", update="replicated", partition_mb=None,
-                                     credit_mb=None), job.predicted_ms)
-    candidates = sorted(list(result.candidates) + [usbyte], key=lambda c: c.predicted_ms)  # stable: ties keep order
-    return dataclasses.replace(result, best=candidates[0], candidates=candidates)
+    return _with_candidates(result, [autotune.Candidate(
+        dict(job.wrap_options(), schedule="usbyte", update="replicated", partition_mb=None, credit_mb=None),
+        job.predicted_ms)])
 
 
 def _with_deft(result: autotune.Plan, profile: TrainingProfile, network: Network, runtime,
@@ -419,6 +421,11 @@ def _with_deft(result: autotune.Plan, profile: TrainingProfile, network: Network
         added.append(autotune.Candidate(dict(job.wrap_options(), schedule="deft", update="replicated",
                                              partition_mb=None, credit_mb=None, max_delay=max_delay),
                                         job.predicted_ms))
+    return _with_candidates(result, added)
+
+
+def _with_candidates(result: autotune.Plan, added: List[autotune.Candidate]) -> autotune.Plan:
+    """`result` with a planner's candidates among the simulated ones, fastest first."""
     candidates = sorted(list(result.candidates) + added, key=lambda c: c.predicted_ms)  # stable: ties keep order
     return dataclasses.replace(result, best=candidates[0], candidates=candidates)
 

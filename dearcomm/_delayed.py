@@ -76,16 +76,13 @@ class DelayedUpdates:
     def delays(self) -> Dict[str, int]:
         return nonzero(self.runtime.options.delays)
 
-    def _params(self) -> Dict[str, torch.nn.Parameter]:
-        return {name: p for p, name in self.runtime.names.items()}
-
     # ---- checkpoints -----------------------------------------------------------
 
     def state_dict(self) -> Dict:
         """After a sync(), between steps: the delays in force, per delayed
         parameter its averaged gradients still to be applied (oldest first),
         and the guard's figures."""
-        runtime, params = self.runtime, self._params()
+        runtime, params = self.runtime, self.runtime.by_name
         pending = {}
         for name, delay in self.delays.items():
             engine_pending = []
@@ -105,7 +102,7 @@ class DelayedUpdates:
         """A checkpoint's delays, pending gradients and guard (None: one
         saved without delays: the next `delay` steps apply nothing of the
         delayed parameters, as a fresh start's)."""
-        runtime, params = self.runtime, self._params()
+        runtime, params = self.runtime, self.runtime.by_name
         if state is None:
             self._queued = {name: [None] * delay for name, delay in self.delays.items()}
             return
@@ -158,7 +155,7 @@ class DelayedUpdates:
             return
         if delays != self._guarding:
             self._reset_guard()
-        params = self._params()
+        params = self.runtime.by_name
         for name in list(self._queued):
             param, grad = params[name], self._queued[name].pop(0)
             if grad is None:

@@ -262,14 +262,20 @@ def _checked_blocks(blocks) -> Dict[str, Tuple[int, ...]]:
     return checked
 
 
+def _plain_int(value, error: str) -> int:
+    """`value` as a plain int (a planner's numpy or torch integers are fine;
+    bool is not), or ValueError(error)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(error) from None
+
+
 def checked_delay(delay, max_delay: int, what: str) -> int:
     """One delay as a plain int in [0, max_delay], or a ValueError naming `what`."""
-    try:
-        if isinstance(delay, bool):
-            raise TypeError
-        value = operator.index(delay)
-    except TypeError:
-        raise ValueError(f"dearcomm: {what} must be an int number of iterations, got {delay!r}") from None
+    value = _plain_int(delay, f"dearcomm: {what} must be an int number of iterations, got {delay!r}")
     if not 0 <= value <= max_delay:
         raise ValueError(f"dearcomm: {what} is {value}; it must be between 0 and max_delay ({max_delay})")
     return value
@@ -283,13 +289,6 @@ def _checked_delays(delays, max_delay: int) -> Dict[str, int]:
 
 def _checked_priorities(priorities) -> Dict[str, int]:
     """A copy of `priorities` with plain ints, or an error naming the entry."""
-    checked = {}
-    for name, rank in _by_parameter_name(priorities, "priorities", "ranks (int, lower goes first)"):
-        try:
-            if isinstance(rank, bool):
-                raise TypeError
-            checked[name] = operator.index(rank)
-        except TypeError:
-            raise ValueError(f"dearcomm: priorities[{name!r}] must be an int rank (lower goes first), "
-                             f"got {rank!r}") from None
-    return checked
+    return {name: _plain_int(rank, f"dearcomm: priorities[{name!r}] must be an int rank (lower goes first), "
+                                   f"got {rank!r}")
+            for name, rank in _by_parameter_name(priorities, "priorities", "ranks (int, lower goes first)")}

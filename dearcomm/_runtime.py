@@ -112,6 +112,7 @@ class DearRuntime:
                 self.names[param] = name
         if not self.names:
             raise ValueError("dearcomm: the module has no parameter that requires grad; nothing to train")
+        self.by_name: Dict[str, nn.Parameter] = {name: p for p, name in self.names.items()}
         self._check_blocks()
 
         self.engine: Optional[_C.Engine] = None
@@ -323,7 +324,7 @@ class DearRuntime:
         parameters they name (at wrap time: the errors can give names, which
         the planner's cannot)."""
         blocks = self.options.blocks or {}
-        params = {name: p for p, name in self.names.items()}
+        params = self.by_name
         for option in ("blocks", "priorities", "delays"):
             unknown = sorted(set(getattr(self.options, option) or {}) - set(params))
             if unknown:
@@ -444,8 +445,7 @@ class DearRuntime:
                     f"{len(mine)}; first difference at position {diff}: "
                     f"{theirs[diff] if diff < len(theirs) else None} vs {mine[diff] if diff < len(mine) else None}. "
                     "Every rank must wrap the same model.")
-        by_name = {name: p for p, name in self.names.items()}
-        order = [by_name[name] for name in everyone[0][1]]
+        order = [self.by_name[name] for name in everyone[0][1]]
         used = set(order)
         return order + [p for p in self.names if p not in used]
 

@@ -71,9 +71,10 @@ def wrap(
     your optimizer (update="replicated" only).
     schedule="deft" all-reduces as wfbp, but applies the buckets a planner
     chose (delays) one or more steps late (each its own delay, at most
-    max_delay): their all-reduces overlap the step and the next iteration. When backward returns, ``.grad`` holds what
-    step() applies (for a delayed parameter, the average of an earlier
-    backward; None in its first steps, which then skip it).
+    max_delay): their all-reduces overlap the step and the next iteration.
+    When backward returns, ``.grad`` holds what step() applies (for a
+    delayed parameter, the average of an earlier backward; None in its
+    first steps, which then skip it).
 
     Anything that reads parameters outside a training forward waits for the
     pending all-gathers first: ``module.sync()``, ``state_dict()``,

@@ -105,8 +105,6 @@ def plan_modules(modules: Sequence[ModuleProfile], network: Network, world_size:
                  max_delay: int = 1, tolerance: float = TOLERANCE) -> DeftPlan:
     """plan_job over a list of ModuleProfile (``names``: the parameters', in
     order; default p0, p1, ...)."""
-    if not isinstance(max_delay, int) or isinstance(max_delay, bool) or max_delay < 0:
-        raise ValueError(f"dearcomm: max_delay must be an int >= 0, got {max_delay!r}")
     if not tolerance >= 0:
         raise ValueError(f"dearcomm: tolerance must be >= 0, got {tolerance!r}")
     modules = list(modules)
@@ -115,22 +113,27 @@ def plan_modules(modules: Sequence[ModuleProfile], network: Network, world_size:
     if len(names) != len(numels):
         raise ValueError(f"dearcomm: {len(names)} names for {len(numels)} parameters")
 
-    def predict(delays: List[int]) -> float:
+    def predict(delays: List[int]):  # also checks the options (max_delay included)
         return simulate(modules, world_size=world_size, network=network, schedule="deft", step_ms=step_ms,
                         bucket_mb=bucket_mb, comm_dtype=comm_dtype, max_delay=max_delay, delays=delays,
-                        iterations=max_delay + 3).iteration_ms
+                        iterations=max_delay + 3)
 
-    layout = simulate(modules, world_size=world_size, network=network, schedule="wfbp", step_ms=step_ms,
-                      bucket_mb=bucket_mb, comm_dtype=comm_dtype, iterations=1).layout
+    undelayed = predict([0] * len(numels))
+    layout = undelayed.layout
     bucket_of = [spec.bucket for spec in layout.params]
-    candidates = [Candidate(0, 0, 0, predict([0] * len(numels)))]
+
+    def suffix(k: int, delay: int) -> List[int]:
+        """Per parameter: `delay` for the first k buckets (launched last), else 0."""
+        return [delay if b < k else 0 for b in bucket_of]
+
+    candidates = [Candidate(0, 0, 0, undelayed.iteration_ms)]
     for delay in range(1, max_delay + 1):
         for k in range(1, len(layout.buckets) + 1):
-            delays = [delay if b < k else 0 for b in bucket_of]
+            delays = suffix(k, delay)
             elements = sum(n for n, d in zip(numels, delays) if d)
-            candidates.append(Candidate(k, delay, elements, predict(delays)))
+            candidates.append(Candidate(k, delay, elements, predict(delays).iteration_ms))
     fastest = min(c.predicted_ms for c in candidates)
     chosen = min((c for c in candidates if c.predicted_ms <= fastest * (1 + tolerance)),
                  key=lambda c: (c.staleness, c.predicted_ms))
-    delays = tuple(chosen.delay if b < chosen.delayed_buckets else 0 for b in bucket_of)
-    return DeftPlan(names, delays, bucket_mb, max_delay, chosen, tuple(candidates))
+    return DeftPlan(names, tuple(suffix(chosen.delayed_buckets, chosen.delay)), bucket_mb, max_delay, chosen,
+                    tuple(candidates))

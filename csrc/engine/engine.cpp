@@ -592,14 +592,8 @@ at::Tensor Engine::averaged_grad(int64_t param) const {
 std::vector<at::Tensor> Engine::pending_averages(int64_t param) const {
   TORCH_CHECK_INDEX(param >= 0 && param < static_cast<int64_t>(params_.size()),
       "dearcomm: parameter index ", param, " out of range");
-  std::vector<int64_t> slots;
-  try {
-    slots = core_->pending_slots(layout_.params[param].bucket);
-  } catch (const std::logic_error& e) {
-    TORCH_CHECK(false, e.what());
-  }
   std::vector<at::Tensor> out;
-  for (int64_t slot : slots) {
+  for (int64_t slot : core_->pending_slots(layout_.params[param].bucket)) {
     out.push_back(param_view(flat_of(param).slot_grads.at(slot), param).to(params_[param].scalar_type(),
                                                                           /*non_blocking=*/false, /*copy=*/true));
   }
