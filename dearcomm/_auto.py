@@ -19,11 +19,18 @@ At the first training forward, before any gradient is communicated:
      that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure), then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
-     fastest, and keeps
-     the fastest measured: rank 0's medians decide, so every rank trains
+     fastest (a family's runners-up differ from its best in partition size
+     first: the simulator errs more on how finely to cut than on bucket
+     sizes). The shortlist always holds the reference, DDP's layout (wfbp,
+     25 MiB buckets, no partitions; for options the user fixed, those):
+     the fastest measured candidate replaces it only if it is faster again
+     by CONFIRM_MARGIN when both are measured once more, alternately,
+     CONFIRM_ROUNDS times. Rank 0's medians decide, so every rank trains
      with the same plan, whatever its own timings. A prediction is within
      10-20% here; a few measured steps separate candidates the simulator
-     ranks too close;
+     ranks too close, and the confirmation keeps a candidate that was
+     merely lucky in its trial (on a compute-bound job every candidate is
+     within noise of the others) from replacing a plan as fast as DDP;
   4. the plan and the choice are logged (logger "dearcomm", INFO, rank 0)
      and kept in ``model.auto_plan()``.
 Then, after WARMUP more steps, every WINDOW steps rank 0 compares the
@@ -74,6 +81,17 @@ families that measured fastest."""
 REFINE_FAMILIES = 2
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
+CONFIRM_ROUNDS = 2
+"""Times the fastest measured candidate and the reference are measured again, alternately."""
+CONFIRM_MARGIN = 0.03
+"""How much faster than the reference (median of the confirmation) the
+fastest candidate must be to replace it: less is within this machine's
+noise between trials."""
+REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None),
+             dict(schedule="dear", bucket_mb=25.0, partition_mb=None, credit_mb=None))
+"""The reference candidate's values of the "auto" options, in order of
+preference: DDP's layout, else wrap()'s default (where the user's fixed
+options rule wfbp out)."""
 CONTENTION_BYTES = 64 * 2**20
 """All-reduce size for the contention measurement (or the model's size, if smaller)."""
 
@@ -104,13 +122,48 @@ class AutoPlan:
     refined: bool = False
     measured_ms: Tuple[float, ...] = ()
     """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
+    reference: Optional[int] = None
+    """The shortlist's index of the reference candidate (see the module's docstring)."""
+    confirmations: Tuple[Tuple[int, float], ...] = ()
+    """(shortlist index, rank 0's median iteration) of the confirmation round, as far as measured."""
 
     @property
     def decided(self) -> bool:
-        """Every shortlisted candidate measured, refinement included (or only one to train with)."""
+        """Every shortlisted candidate measured, refinement and confirmation
+        included (or only one to train with)."""
         if len(self.shortlist) + len(self.runners_up) <= 1:
             return True
-        return self.refined and len(self.measured_ms) == len(self.shortlist)
+        return self.refined and self.next_trial() is None
+
+    def fastest_measured(self) -> int:
+        """The shortlist's index of the fastest measured candidate (ties: the earlier, better predicted)."""
+        return min(range(len(self.measured_ms)), key=lambda i: self.measured_ms[i])
+
+    def confirmation_queue(self) -> Tuple[int, ...]:
+        """What the confirmation round measures, in order (once the shortlist is measured)."""
+        best = self.fastest_measured()
+        if self.reference is None or best == self.reference:
+            return ()
+        return (best, self.reference) * CONFIRM_ROUNDS
+
+    def next_trial(self) -> Optional[int]:
+        """The shortlist's index of the candidate to measure next; None when the choice is made."""
+        if len(self.measured_ms) < len(self.shortlist):
+            return len(self.measured_ms)
+        queue = self.confirmation_queue()
+        return queue[len(self.confirmations)] if len(self.confirmations) < len(queue) else None
+
+    def choice(self) -> Tuple[int, float]:
+        """(shortlist index, what it measured) of the candidate to train with:
+        the fastest measured, unless the confirmation found it no faster
+        than the reference by CONFIRM_MARGIN."""
+        best = self.fastest_measured()
+        if not self.confirmation_queue():
+            return best, self.measured_ms[best]
+        again = {i: statistics.median(ms for j, ms in self.confirmations if j == i) for i in (best, self.reference)}
+        if again[best] < (1 - CONFIRM_MARGIN) * again[self.reference]:
+            return best, again[best]
+        return self.reference, again[self.reference]
 
     @property
     def gain_over_default(self) -> float:
@@ -125,6 +178,9 @@ class AutoPlan:
         if self.measured_ms:
             trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
                                                in zip(self.shortlist, self.measured_ms))
+        if self.confirmations:
+            trials += "; measured again against the reference: " + ", ".join(
+                f"{'reference' if i == self.reference else 'fastest'} {m:.2f} ms" for i, m in self.confirmations)
         return (f"dearcomm auto ({self.reason}): {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
                 f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
                 f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward "
@@ -182,7 +238,7 @@ class AutoPlanner:
         self.update_free = "schedule" in auto and not update_given  # the planner picks the update too
         self.plans: List[AutoPlan] = []
         self._plan_due = True
-        self._reference_ms: Optional[float] = None  # what measured iterations are compared with
+        self._expected_ms: Optional[float] = None  # what measured iterations are compared with
         self._replan_reason = ""
         self._steps = 0
         self._measure_from = WARMUP
@@ -214,7 +270,7 @@ class AutoPlanner:
             logger.info("%s", plan)
         self._train_with(plan.shortlist[0][0])
         self._trying = not plan.decided
-        self._reference_ms = plan.predicted_ms
+        self._expected_ms = plan.predicted_ms
         self._start_measuring(skip=1 if self._trying else WARMUP)
 
     def forbid_delays(self) -> None:
@@ -225,7 +281,7 @@ class AutoPlanner:
         """A checkpoint's deft plan was loaded: train with it, plan no more."""
         self._plan_due = self._trying = False
         self._switch_to = None
-        self._reference_ms = None  # nothing measured to compare with: no drift check
+        self._expected_ms = None  # nothing measured to compare with: no drift check
 
     def _train_with(self, options: Dict[str, Any]) -> None:
         if not self.max_delay and options.get("delays"):
@@ -253,12 +309,12 @@ class AutoPlanner:
             if len(self._iteration_ms) >= TRIAL_STEPS:
                 self._trial_ended(self._agreed_median())
             return
-        if len(self._iteration_ms) < WINDOW or self._reference_ms is None:
+        if len(self._iteration_ms) < WINDOW or self._expected_ms is None:
             return
         measured = self._agreed_median()
         self._iteration_ms.clear()
-        if abs(measured / self._reference_ms - 1) > DRIFT and len(self.plans) <= MAX_REPLANS:
-            self._replan_reason = (f"measured {measured:.2f} ms per iteration vs {self._reference_ms:.2f} ms "
+        if abs(measured / self._expected_ms - 1) > DRIFT and len(self.plans) <= MAX_REPLANS:
+            self._replan_reason = (f"measured {measured:.2f} ms per iteration vs {self._expected_ms:.2f} ms "
                                    f"expected at step {self._steps}")
             self._plan_due = True
 
@@ -268,22 +324,26 @@ class AutoPlanner:
 
     def _trial_ended(self, measured: float) -> None:
         plan = self.plans[-1]
-        plan = self.plans[-1] = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
-        done = len(plan.measured_ms)
-        if done == len(plan.shortlist) and not plan.refined:
-            plan = self.plans[-1] = _refined(plan)
-        if done < len(plan.shortlist):
-            self._switch_to = plan.shortlist[done][0]
+        if len(plan.measured_ms) < len(plan.shortlist):
+            plan = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
+        else:
+            plan = dataclasses.replace(plan, confirmations=plan.confirmations + ((plan.next_trial(), measured),))
+        if len(plan.measured_ms) == len(plan.shortlist) and not plan.refined:
+            plan = _refined(plan)
+        self.plans[-1] = plan
+        following = plan.next_trial()
+        if following is not None:
+            self._switch_to = plan.shortlist[following][0]
             self._start_measuring(skip=1)
             return
-        best = min(range(done), key=lambda i: plan.measured_ms[i])  # ties: the earlier, better predicted
-        options, predicted = plan.shortlist[best]
+        chosen, chosen_ms = plan.choice()
+        options, predicted = plan.shortlist[chosen]
         plan = self.plans[-1] = dataclasses.replace(plan, options=options, predicted_ms=predicted)
         if self.runtime.rank == 0:
             logger.info("%s", plan)
         self._switch_to = options
         self._trying = False
-        self._reference_ms = plan.measured_ms[best]  # the drift check compares with what was measured
+        self._expected_ms = chosen_ms  # the drift check compares with what was measured
         self._start_measuring(skip=WARMUP)
 
     # ---- measuring and planning ------------------------------------------------------
@@ -330,9 +390,13 @@ class AutoPlanner:
                                     self.max_delay)
                 keys += ("delays", "max_delay")
             first, runners_up = _shortlist(result)
+            reference = _reference(result, self.auto)
+            if reference is not None and reference not in first:
+                first.append(reference)
             shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
             chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
+                              reference=None if reference is None else first.index(reference),
                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
                               network=network, profile=profile, planning_s=time.perf_counter() - started)
@@ -439,13 +503,36 @@ def _shortlist(result: autotune.Plan) -> Tuple[List[autotune.Candidate], List[au
     """What to measure first: the best predicted candidate of each schedule
     and update (the simulator's errors differ most between schedules),
     MAX_TRIALS at most, best predicted first; and each family's next
-    REFINE_TRIALS best predicted, for the refinement."""
+    REFINE_TRIALS best predicted (other partition sizes first), for the
+    refinement, and one spare: the reference may be one of them."""
     by_family: Dict[Tuple[str, str], List[autotune.Candidate]] = {}
     for candidate in result.candidates:  # fastest predicted first
         by_family.setdefault(_family(candidate.options), []).append(candidate)
     first = [group[0] for group in by_family.values()][:MAX_TRIALS]
-    runners_up = [c for group in by_family.values() for c in group[1:1 + REFINE_TRIALS]]
+    runners_up = [c for group in by_family.values() for c in _other_cuts_first(group)[:REFINE_TRIALS + 1]]
     return first, runners_up
+
+
+def _other_cuts_first(family: List[autotune.Candidate]) -> List[autotune.Candidate]:
+    """A family's candidates after its best, fastest predicted first, but
+    each partition size the family has not shown yet before the rest."""
+    shown = {family[0].options.get("partition_mb")}
+    other_cuts, rest = [], []
+    for candidate in family[1:]:
+        cut = candidate.options.get("partition_mb")
+        (rest if cut in shown else other_cuts).append(candidate)
+        shown.add(cut)
+    return other_cuts + rest
+
+
+def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotune.Candidate]:
+    """The simulated candidate with REFERENCE's values for the options that
+    are "auto" (the others are the user's in every candidate), None if none."""
+    for values in REFERENCE:
+        for candidate in result.candidates:
+            if all(candidate.options.get(k) == v for k, v in values.items() if k in auto):
+                return candidate
+    return None
 
 
 def _refined(plan: AutoPlan) -> AutoPlan:
@@ -454,7 +541,8 @@ def _refined(plan: AutoPlan) -> AutoPlan:
     extra = ()
     for i in fastest:
         family = _family(plan.shortlist[i][0])
-        extra += tuple(c for c in plan.runners_up if _family(c[0]) == family)[:REFINE_TRIALS]
+        measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
+        extra += tuple(c for c in plan.runners_up if _family(c[0]) == family and c[0] not in measured)[:REFINE_TRIALS]
     return dataclasses.replace(plan, shortlist=plan.shortlist + extra, refined=True)
 
 

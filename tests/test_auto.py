@@ -14,7 +14,7 @@ from dearcomm._auto import surrogate_loss
 from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
-STEPS = 14  # and 3 reconfiguration steps
+STEPS = 30  # and 3 reconfiguration steps; each plan's trials take at most 12 (6 trials of 2 steps)
 
 # Options a re-plan may move between, each with AdamW state to carry over:
 # the update strategy changes (sharded -> replicated -> full), and the layout.
@@ -30,10 +30,12 @@ def make_optimizer(model):
 
 
 def _auto_worker(rank, world_size):
-    # Two candidates measured for one step each (steps 2 and 4), then the fastest one's runner-up (step 6),
-    # the choice from step 7 on; every window "drifts": one re-plan after step 9, its trials end at step 15.
+    # Two candidates and the reference measured for one step each (after one that rebuilds the buckets),
+    # then the fastest family's runner-up, then (unless the reference measured fastest) the fastest and
+    # the reference once more; every window "drifts": one re-plan, whose trials go the same way.
     _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
     _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.REFINE_TRIALS, _auto.REFINE_FAMILIES, _auto.TRIAL_STEPS = 1, 2, 1, 1, 1
+    _auto.CONFIRM_ROUNDS = 1
     torch.manual_seed(0)
     model = MixedNet()
     slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
@@ -65,8 +67,8 @@ def _auto_worker(rank, world_size):
     assert report.best_plan_ms in predictions and "schedule=" in report.best_plan, report
     assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
-                plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms)
-                       for p in plans],
+                plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms,
+                        p.reference, p.confirmations, p.decided) for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
 
 
@@ -82,14 +84,26 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     results = run_workers(_auto_worker, world_size, deadline=240)
     plans = [r["plans"] for r in results]
     assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
-    assert [p[1] for p in plans[0]] == [0, 9]
-    for options, _, predicted, _, _, shortlist, measured in plans[0]:
-        assert len(shortlist) == 3 and len(measured) == 3, "two families and the faster one's runner-up measured"
-        first = min(range(2), key=lambda i: measured[i])
-        assert (shortlist[2][0]["schedule"], shortlist[2][0]["update"]) == \
-            (shortlist[first][0]["schedule"], shortlist[first][0]["update"]), "the runner-up of the faster family"
-        best = min(range(3), key=lambda i: measured[i])
-        assert (options, predicted) == shortlist[best], "the fastest measured candidate is kept"
+    assert plans[0][0][1] == 0 and plans[0][1][1] > 0
+    family = lambda options: (options["schedule"], options["update"])  # noqa: E731
+    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided in plans[0]:
+        assert decided and len(measured) == len(shortlist)
+        assert {k: shortlist[reference][0][k] for k in ("schedule", "bucket_mb", "partition_mb", "credit_mb")} == \
+            dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None), "the reference: DDP's layout"
+        first_round = 2 if reference < 2 else 3  # the two families' best, and the reference unless one of them
+        assert reference <= 2 and len(shortlist) == first_round + 1, "then the fastest family's runner-up"
+        assert len({family(o) for o, _ in shortlist[:2]}) == 2
+        fastest_first = min(range(first_round), key=lambda i: measured[i])
+        assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the runner-up of the faster family"
+        assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
+        best = min(range(len(measured)), key=lambda i: measured[i])
+        if best == reference:
+            assert confirmations == () and (options, predicted) == shortlist[reference]
+            continue
+        assert [i for i, _ in confirmations] == [best, reference], "the fastest and the reference measured again"
+        again = dict(confirmations)
+        kept = best if again[best] < (1 - _auto.CONFIRM_MARGIN) * again[reference] else reference
+        assert (options, predicted) == shortlist[kept], "the reference stays unless the fastest beats it again"
     for rank, theirs in enumerate(plans):
         assert theirs == plans[0], f"rank {rank} planned differently from rank 0"
     first = plans[0][0]
@@ -137,3 +151,58 @@ def test_surrogate_loss_sums_every_output_that_trains():
     with pytest.raises(ValueError, match="dearcomm: auto could not profile the model"):
         surrogate_loss((torch.ones(2), [torch.arange(2)]))
 
+
+
+# ---- choosing among measured candidates (no processes) -------------------------------------------
+
+
+def _candidate(predicted_ms, **options):
+    full = dict(schedule="dear", update="sharded", bucket_mb=25.0, partition_mb=None, credit_mb=None)
+    return dearcomm.autotune.Candidate(dict(full, **options), predicted_ms)
+
+
+def _plan_measured(measured, reference, confirmations=()):
+    shortlist = tuple(({"schedule": f"s{i}"}, 100.0 + i) for i in range(len(measured)))
+    return _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=len(measured),
+                          step=0, reason="test", network=None, profile=None, shortlist=shortlist,
+                          runners_up=(), refined=True, measured_ms=tuple(measured), reference=reference,
+                          confirmations=tuple(confirmations))
+
+
+def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypatch):
+    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 2)
+    plan = _plan_measured([90.0, 110.0, 100.0], reference=2)
+    assert plan.confirmation_queue() == (0, 2, 0, 2) and plan.next_trial() == 0 and not plan.decided
+    # Lucky in its trial: measured again, it is as fast as the reference; the reference stays.
+    lucky = _plan_measured([90.0, 110.0, 100.0], 2, [(0, 101.0), (2, 100.0), (0, 99.0), (2, 100.5)])
+    assert lucky.decided and lucky.next_trial() is None
+    assert lucky.choice() == (2, 100.25)
+    # Faster again, by more than the margin: it replaces the reference.
+    faster = _plan_measured([90.0, 110.0, 100.0], 2, [(0, 91.0), (2, 100.0), (0, 93.0), (2, 101.0)])
+    assert faster.choice() == (0, 92.0)
+    # The reference measured fastest: nothing to confirm.
+    plain = _plan_measured([105.0, 110.0, 100.0], 2)
+    assert plain.confirmation_queue() == () and plain.decided and plain.choice() == (2, 100.0)
+    # No reference (none among the candidates): the fastest measured.
+    assert _plan_measured([105.0, 95.0], None).choice() == (1, 95.0)
+
+
+def test_runners_up_try_other_partition_sizes_first():
+    family = [_candidate(100.0 + i, partition_mb=p) for i, p in enumerate([None, None, 4.0, None, 1.0, 4.0])]
+    assert [c.options["partition_mb"] for c in _auto._other_cuts_first(family)] == [4.0, 1.0, None, None, 4.0]
+
+
+def test_the_reference_is_ddps_layout_or_the_users_own_options():
+    candidates = [_candidate(90.0, bucket_mb=4.0, partition_mb=1.0),
+                  _candidate(95.0, schedule="wfbp", update="replicated", bucket_mb=4.0),
+                  _candidate(97.0, bucket_mb=25.0),
+                  _candidate(99.0, schedule="wfbp", update="replicated", bucket_mb=25.0)]
+    result = dearcomm.autotune.Plan(best=candidates[0], default=candidates[2], candidates=candidates)
+    assert _auto._reference(result, ("schedule", "bucket_mb", "partition_mb", "credit_mb")) is candidates[3]
+    # The schedule fixed by the user (every candidate has it): its 25 MiB buckets without partitions.
+    dear_only = dataclasses.replace(result, candidates=[c for c in candidates if c.options["schedule"] == "dear"])
+    assert _auto._reference(dear_only, ("bucket_mb", "partition_mb")) is candidates[2]
+    # wfbp ruled out (the user's update): wrap()'s default.
+    assert _auto._reference(dear_only, ("schedule", "bucket_mb", "partition_mb")) is candidates[2]
+    none_fits = dataclasses.replace(result, candidates=candidates[:2])
+    assert _auto._reference(none_fits, ("schedule", "bucket_mb", "partition_mb")) is None

@@ -417,13 +417,15 @@ def test_max_delay_bounds_the_plan():
 def auto_worker(rank, world_size, max_delay):
     """schedule="auto": with max_delay, deft's plans are candidates, here
     the fastest that delays something made the one kept (a shortlist of
-    that one); the job then trains exactly as the delayed reference with
-    the delays it chose, from the first step."""
+    that one, no reference to measure it against); the job then trains
+    exactly as the delayed reference with the delays it chose, from the
+    first step."""
     import dearcomm._auto as auto
 
     if max_delay:
         auto._shortlist = lambda result: ([c for c in result.candidates
                                            if c.options["schedule"] == "deft" and c.options["delays"]][:1], [])
+        auto.REFERENCE = ()
         measure = auto.measure_job
 
         def link_as_slow_as_compute(*args):

@@ -133,11 +133,12 @@ def test_planning_goes_on_where_contention_cannot_be_measured():
 
 def auto_with_usbyte_worker(rank, world_size):
     """schedule="auto" with usbyte's plan among its candidates, made to keep
-    it (a shortlist of that one): the job trains with the planned blocks and
-    order, exactly."""
+    it (a shortlist of that one, no reference to measure it against): the
+    job trains with the planned blocks and order, exactly."""
     import dearcomm._auto as auto
 
     auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "usbyte"][:1], [])
+    auto.REFERENCE = ()
     model, reference = mlp(), mlp()
     optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
     model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
