@@ -178,13 +178,20 @@ def environment(env):
                 os.environ[var] = value
 
 
+def plans_its_pieces(base):
+    """usbyte and deft: a planner's blocks or delays set their pieces
+    (wrap() refuses partition_mb for them), as the registry says."""
+    entry = {e["name"]: e for e in dearcomm._C.schedules()}.get(SCHEDULES[base][0])
+    return entry is not None and (entry["takes_priorities"] or entry["takes_delays"])
+
+
 def run_names(args):
     if args.runs:
         return args.runs
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto") or base == "dear-bo":
+        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto") or base == "dear-bo" or plans_its_pieces(base):
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:
