@@ -49,4 +49,4 @@ net 2 resnet-1gbit-2 --model resnet --batch 32 --partition-mb 0.25 --timeline "$
 net 4 resnet-1gbit-4 --model resnet --batch 32 --partition-mb 0.25
 net 2 widein-b1024-1gbit-2 --model widein --batch 1024 --partition-mb 4
 # Engine overhead on loopback, compute-bound (target <= 1.05x DDP), bytescheduler included.
-want overhead && run overhead $torchrun --nproc_per_node=2 benchmarks/overhead.py --json "$out/overhead.json"
+if want overhead; then run overhead $torchrun --nproc_per_node=2 benchmarks/overhead.py --json "$out/overhead.json"; fi
