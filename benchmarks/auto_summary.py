@@ -37,7 +37,9 @@ def row(path: Path):
     speedup = ddp / auto["median_ms"]
     vs_best = auto["median_ms"] / fixed[best]["median_ms"]
     met = vs_best <= 1.05 and (speedup >= 1.15 if comm_bound else speedup >= 1 / 1.05)
-    chosen = " ".join(f"{k}={v}" for k, v in auto["auto_options"].items() if v is not None)
+    planned = {"blocks": "parameters in blocks", "priorities": "parameters ranked", "delays": "parameters delayed"}
+    chosen = " ".join(f"{k}=<{len(v)} {planned[k]}>" if k in planned else f"{k}={v}"
+                      for k, v in auto["auto_options"].items() if v is not None)
     return dict(row=path.stem, kind="comm" if comm_bound else "compute", ddp=ddp,
                 default=ddp / runs["dear-sharded"]["median_ms"] if "dear-sharded" in runs else None,
                 best=best, best_x=ddp / fixed[best]["median_ms"], auto_x=speedup, vs_best=vs_best, chosen=chosen,
