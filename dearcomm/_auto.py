@@ -25,7 +25,7 @@ At the first training forward, before any gradient is communicated:
      25 MiB buckets, no partitions; for options the user fixed, those):
      the fastest measured candidate replaces it only if it is faster again
      by CONFIRM_MARGIN when both are measured once more, alternately,
-     CONFIRM_ROUNDS times. Rank 0's medians decide, so every rank trains
+     CONFIRM_ROUNDS times (the median of the rounds' ratios decides). Rank 0's medians decide, so every rank trains
      with the same plan, whatever its own timings. A prediction is within
      10-20% here; a few measured steps separate candidates the simulator
      ranks too close, and the confirmation keeps a candidate that was
@@ -73,20 +73,23 @@ WINDOW = 20
 WARMUP = 5
 """Steps after a plan before its iterations are measured (allocators, caches)."""
 MAX_REPLANS = 2
-MAX_TRIALS = 4
-"""Candidates measured first: the best predicted of each schedule and update."""
+MAX_TRIALS = 6
+"""Candidates measured first: the best predicted of each schedule and update
+(six families: dear sharded and replicated, wfbp, bytescheduler, usbyte,
+deft; with four, GPT's best family, wfbp with partitions, was never measured)."""
 REFINE_TRIALS = 2
 """Then the next best predicted candidates of each of the REFINE_FAMILIES
 families that measured fastest."""
 REFINE_FAMILIES = 2
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
-CONFIRM_ROUNDS = 2
-"""Times the fastest measured candidate and the reference are measured again, alternately."""
+CONFIRM_ROUNDS = 3
+"""Times the fastest measured candidate and the reference are measured again,
+alternately (three: the median of the rounds is not moved by one outlier)."""
 CONFIRM_MARGIN = 0.03
-"""How much faster than the reference (median of the confirmation) the
-fastest candidate must be to replace it: less is within this machine's
-noise between trials."""
+"""How much faster than the reference the fastest candidate must be, by the
+median over the confirmation rounds of its time ÷ the reference's, to
+replace it: less is within this machine's noise between trials."""
 REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None),
              dict(schedule="dear", bucket_mb=25.0, partition_mb=None, credit_mb=None))
 """The reference candidate's values of the "auto" options, in order of
@@ -160,10 +163,12 @@ class AutoPlan:
         best = self.fastest_measured()
         if not self.confirmation_queue():
             return best, self.measured_ms[best]
-        again = {i: statistics.median(ms for j, ms in self.confirmations if j == i) for i in (best, self.reference)}
-        if again[best] < (1 - CONFIRM_MARGIN) * again[self.reference]:
-            return best, again[best]
-        return self.reference, again[self.reference]
+        again = {i: [ms for j, ms in self.confirmations if j == i] for i in (best, self.reference)}
+        # Paired: each round's two measurements ran back to back; the median
+        # of the rounds' ratios is not moved by one round's outlier.
+        ratio = statistics.median(b / r for b, r in zip(again[best], again[self.reference]))
+        kept = best if ratio < 1 - CONFIRM_MARGIN else self.reference
+        return kept, statistics.median(again[kept])
 
     @property
     def gain_over_default(self) -> float:
