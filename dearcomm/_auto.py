@@ -25,8 +25,9 @@ At the first training forward, before any gradient is communicated:
      25 MiB buckets, no partitions; for options the user fixed, those):
      the fastest measured candidate replaces it only if it is faster again
      by CONFIRM_MARGIN when both are measured once more, alternately,
-     CONFIRM_ROUNDS times (the median of the rounds' ratios decides). Rank 0's medians decide, so every rank trains
-     with the same plan, whatever its own timings. A prediction is within
+     CONFIRM_ROUNDS times (the median of the rounds' ratios decides).
+     Rank 0's medians decide, so every rank trains with the same plan,
+     whatever its own timings. A prediction is within
      10-20% here; a few measured steps separate candidates the simulator
      ranks too close, and the confirmation keeps a candidate that was
      merely lucky in its trial (on a compute-bound job every candidate is
