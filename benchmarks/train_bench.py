@@ -75,6 +75,7 @@ from models import MODELS  # noqa: E402
 
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
+from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
 
@@ -178,20 +179,14 @@ def environment(env):
                 os.environ[var] = value
 
 
-def plans_its_pieces(base):
-    """usbyte and deft: a planner's blocks or delays set their pieces
-    (wrap() refuses partition_mb for them), as the registry says."""
-    entry = {e["name"]: e for e in dearcomm._C.schedules()}.get(SCHEDULES[base][0])
-    return entry is not None and (entry["takes_priorities"] or entry["takes_delays"])
-
-
 def run_names(args):
     if args.runs:
         return args.runs
     names = []
     for base in args.schedules:
         names.append(base)
-        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto") or base == "dear-bo" or plans_its_pieces(base):
+        # usbyte, deft: a planner sets their pieces (wrap() refuses partition_mb for them).
+        if SCHEDULES[base][0] in ("ddp", "fsdp2", "auto", *PLANNED_SCHEDULES) or base == "dear-bo":
             continue
         for p in args.partition_mb:
             if base == "bytescheduler" and args.credit_mb:

@@ -92,7 +92,7 @@ CONFIRM_MARGIN = 0.03
 median over the confirmation rounds of its time ÷ the reference's, to
 replace it: less is within this machine's noise between trials."""
 REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None),
-             dict(schedule="dear", bucket_mb=25.0, partition_mb=None, credit_mb=None))
+             {k: v for k, v in autotune.DEFAULT_OPTIONS if k != "update"})
 """The reference candidate's values of the "auto" options, in order of
 preference: DDP's layout, else wrap()'s default (where the user's fixed
 options rule wfbp out)."""
@@ -544,10 +544,10 @@ def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotun
 def _refined(plan: AutoPlan) -> AutoPlan:
     """After the first round: the runners-up of the fastest measured families join the shortlist."""
     fastest = sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i])[:REFINE_FAMILIES]
+    measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
     extra = ()
     for i in fastest:
         family = _family(plan.shortlist[i][0])
-        measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
         extra += tuple(c for c in plan.runners_up if _family(c[0]) == family and c[0] not in measured)[:REFINE_TRIALS]
     return dataclasses.replace(plan, shortlist=plan.shortlist + extra, refined=True)
 

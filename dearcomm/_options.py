@@ -18,6 +18,10 @@ SCHEDULES = tuple(entry["name"] for entry in _REGISTRY)
 UPDATES = tuple(dict.fromkeys(u for entry in _REGISTRY for u in entry["updates"]))
 _TAKES_PRIORITIES = {entry["name"]: entry["takes_priorities"] for entry in _REGISTRY}
 _TAKES_DELAYS = {entry["name"]: entry["takes_delays"] for entry in _REGISTRY}
+PLANNED_SCHEDULES = frozenset(n for n in SCHEDULES if _TAKES_PRIORITIES[n] or _TAKES_DELAYS[n])
+"""Schedules whose pieces a planner sets (usbyte's blocks and order, deft's
+delays): no partition_mb, and without their plans usbyte is bytescheduler
+one block at a time and deft is wfbp."""
 DEFAULT_MAX_DELAY = 1
 INT64_MAX = 2**63 - 1
 

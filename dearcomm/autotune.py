@@ -18,6 +18,7 @@ import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _C
+from ._options import PLANNED_SCHEDULES
 from .prediction import Network, simulate
 
 BUCKET_MB = (25.0, 1.0, 4.0, 8.0, 64.0, math.inf)
@@ -68,12 +69,11 @@ class Plan:
 def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
           partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
-    # Schedules that take a planner's priorities or delays are searched only
-    # when asked for: without their plans (dearcomm.usbyte, dearcomm.deft)
-    # usbyte is bytescheduler with one block in flight and deft is wfbp.
-    planned = {n for n, e in registry.items() if e["takes_priorities"] or e["takes_delays"]}
+    # Schedules a planner sets the pieces of are searched only when asked
+    # for: without their plans (dearcomm.usbyte, dearcomm.deft) usbyte is
+    # bytescheduler with one block in flight and deft is wfbp.
     names = list(schedules) if schedules is not None else ["dear"] + [n for n in registry
-                                                                      if n != "dear" and n not in planned]
+                                                                      if n != "dear" and n not in PLANNED_SCHEDULES]
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")
@@ -86,7 +86,7 @@ def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], 
         credits = credit_mb if entry["default_credit_bytes"] > 0 else (None,)
         for update in (u for u in ordered if updates is None or u in updates):
             for bucket in bucket_mb:
-                for partition in (partition_mb if name not in planned else (None,)):  # a plan sets the pieces
+                for partition in (partition_mb if name not in PLANNED_SCHEDULES else (None,)):  # a plan sets the pieces
                     for credit in credits:
                         grid.append(dict(schedule=name, update=update, bucket_mb=bucket, partition_mb=partition,
                                          credit_mb=credit))
