@@ -1,5 +1,9 @@
 // A kernel that only waits: tests delay a stream with it to expose a missing
-// cross-stream wait (the result must not change, only the time).
+// cross-stream wait (the result must not change, only the time), or stand in
+// for a stuck collective. Like an NCCL kernel it polls an abort flag in
+// host-mapped memory, so aborting the communicator ends the stall, as it ends
+// a stuck NCCL kernel; a kernel nothing could end would hold every later CUDA
+// call behind it and emulate a hang NCCL never has.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +13,8 @@
 namespace dearcomm {
 namespace kernels {
 
-cudaError_t spin(int64_t cycles, cudaStream_t stream);
+// Spins for `cycles` GPU clock cycles, or until *abort (device-visible) is non-zero.
+cudaError_t spin(int64_t cycles, const volatile int* abort, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace dearcomm

@@ -191,6 +191,12 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
   const c10::cuda::CUDAGuard guard(device_);
   comm_ = create_comm(store, key_prefix + "/comm", rank, world_size);
+  if (debug_.stream_delay_cycles > 0 || debug_.compute_delay_cycles > 0) {
+    void* flag = nullptr;
+    DEARCOMM_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
+    spin_abort_ = static_cast<volatile int*>(flag);
+    *spin_abort_ = 0;
+  }
   WatchdogHooks hooks;
   // A thread starts on device 0: querying events there would create a
   // context on GPU 0 for every rank (~0.5 GiB each).
@@ -230,6 +236,9 @@ void NcclBackend::on_failure(const std::string& reason) {
     }
     aborted_ = true;
   }
+  if (spin_abort_ != nullptr) {
+    *spin_abort_ = 1;
+  }
   // ncclCommAbort waits for work queued before the stuck kernel (it
   // synchronises NCCL's internal stream): on its own thread, so neither the
   // watchdog's stop() nor the backend's teardown waits for it.
@@ -245,7 +254,12 @@ NcclBackend::~NcclBackend() {
     return state == cudaSuccess ? Idle::kYes : state == cudaErrorNotReady ? Idle::kNo : Idle::kFailed;
   };
   steps.destroy = [this] { ncclCommDestroy(comm_); };
-  steps.abort = [this] { ncclCommAbort(comm_); };
+  steps.abort = [this] {
+    if (spin_abort_ != nullptr) {
+      *spin_abort_ = 1;
+    }
+    ncclCommAbort(comm_);
+  };
   const Teardown outcome = bounded_teardown(*watchdog_, steps, timeout_, kWatchdogPoll);
   if (outcome == Teardown::kAbortedAfterGrace) {
     std::fprintf(stderr, "dearcomm: [rank %d] collectives still in flight %lld ms after the backend was dropped "
@@ -278,7 +292,7 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
   // E1 of Note [Stream order]: the collective starts after everything the
   // compute stream has enqueued so far (the pack, the optimizer).
   if (debug_.compute_delay_cycles > 0) {
-    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.compute_delay_cycles, compute));
+    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.compute_delay_cycles, spin_abort_, compute));
   }
   const std::shared_ptr<void> ready = events_->acquire();
   DEARCOMM_CUDA_CHECK(cudaEventRecord(as_event(ready), compute));
@@ -290,7 +304,7 @@ std::unique_ptr<PendingCollective> NcclBackend::enqueue(
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_.get());
   }
   if (debug_.stream_delay_cycles > 0) {
-    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.stream_delay_cycles, stream_.stream()));
+    DEARCOMM_CUDA_CHECK(kernels::spin(debug_.stream_delay_cycles, spin_abort_, stream_.stream()));
   }
   DEARCOMM_NCCL_CHECK(op(comm_, stream_.stream()));
   std::shared_ptr<void> done = events_->acquire();

@@ -110,6 +110,10 @@ class NcclBackend final : public CommBackend {
   ncclComm_t comm_ = nullptr;
   std::timed_mutex nccl_mutex_;  // held by every NCCL call on comm_ (Note [Failure])
   bool aborted_ = false;         // guarded by nccl_mutex_; once set, no NCCL call starts
+  // Set by on_failure() before ncclCommAbort: ends the debug delays' spins as
+  // the abort ends a stuck NCCL kernel (kernels/spin.h). Host-mapped, and only
+  // where a delay is set; never freed, since an aborted stream may still run a spin.
+  volatile int* spin_abort_ = nullptr;
   std::shared_ptr<HandlePool> events_;
   std::shared_ptr<HandlePool> timing_events_;  // stamps: created on first use
   bool timing_ = false;  // time_collectives(): each collective's finished() is a stamp
