@@ -135,9 +135,16 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
                        nbytes: int = 64 * 2**20, iters: int = 3) -> dict:
     """Times ``compute()`` (one forward+backward, no communication) alone,
     then beside back-to-back all-reduces of ``nbytes`` on dearcomm's backend
-    of ``group`` run by a second thread, and the all-reduce alone and beside.
-    Every rank of the group calls it together. Returns the timings (seconds)
-    and both factors fitted (compute_slowdown κ, comm_slowdown λ)."""
+    of ``group`` run by a second thread, then alone again; and the all-reduce
+    alone and beside. Every rank of the group calls it together. Returns the
+    timings (seconds) and both factors fitted (compute_slowdown κ,
+    comm_slowdown λ).
+
+    ``iters`` compute iterations are timed alone before the collectives and
+    as many after, and κ's fit takes the median of both: a model's first
+    iterations can run far slower than the rest (a wide MLP's took 82 ms
+    twice after two warm-ups, then 46 ms), and an "alone" made only of those
+    hides the slowdown being measured (κ read 1.00)."""
     from . import _C
 
     group = group or dist.group.WORLD
@@ -170,6 +177,7 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
         compute()
         spans.append((start, time.perf_counter()))
     thread.join()
+    alone += [_timed(compute) for _ in range(iters)]
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
     return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,

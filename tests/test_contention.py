@@ -2,11 +2,13 @@
 recovered from timings (dearcomm/contention.py, benchmarks/contention.py)."""
 import json
 import random
+import statistics
 
 import pytest
 
 import dearcomm
 from dearcomm.contention import fit_compute_slowdown
+from tests.multiprocess import run_workers
 
 WORK_S = 0.010
 
@@ -70,3 +72,30 @@ def test_comm_slowdown_is_the_ratio_of_median_times_and_never_below_one():
         fit_comm_slowdown([], [1.0])
     with pytest.raises(ValueError, match="a collective's time beside compute must be a positive"):
         fit_comm_slowdown([1.0], [float("nan")])
+
+
+SLOW_CALLS = 4  # two warm-ups and the first two timed iterations
+
+
+def _slow_start(rank, world_size):
+    """measure_contention on a compute whose first calls take 10x longer (a
+    model's first iterations, before its memory settles): the 'alone' time
+    the fit uses must be the settled one."""
+    import time
+
+    from dearcomm.contention import measure_contention
+
+    calls = [0]
+
+    def compute():
+        calls[0] += 1
+        time.sleep(0.2 if calls[0] <= SLOW_CALLS else 0.02)
+
+    measured = measure_contention(compute, nbytes=1 << 16, iters=3)
+    return statistics.median(measured["alone_s"]), len(measured["alone_s"])
+
+
+def test_alone_is_timed_on_both_sides_of_the_collectives():
+    for alone, samples in run_workers(_slow_start, 2, deadline=120):
+        assert samples == 6, "3 compute iterations alone before the collectives and 3 after"
+        assert alone < 0.1, f"alone {alone * 1e3:.0f} ms: the slow first iterations made the median"
