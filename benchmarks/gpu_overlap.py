@@ -5,8 +5,13 @@ Replaces a timed assert: speed lives in benchmarks, never in tests.
     torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) benchmarks/gpu_overlap.py
 
 At one GPU the "communication" is NCCL copying on the device, which competes
-with compute for memory bandwidth, so dear can only match the serial sum."""
+with compute for memory bandwidth, so dear can only match the serial sum.
+
+--profile PREFIX: also where the time goes, DDP's and dear's: the host's time
+to enqueue one iteration, and torch.profiler's kernels and host calls over a
+window of each (tables on rank 0; PREFIX-{ddp,dear}.json, Chrome traces)."""
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,6 +35,7 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=8)
     parser.add_argument("--iters", type=int, default=7, help="timed windows")
     parser.add_argument("--window", type=int, default=5, help="iterations per timed window")
+    parser.add_argument("--profile", default="", metavar="PREFIX", help="profile DDP and dear (see above)")
     args = parser.parse_args()
     device = init("nccl")
     x = torch.randn(args.batch, args.width, device=device)
@@ -54,7 +60,8 @@ def main():
     plain = mlp(args.width, args.layers, device)
     t_compute = timed(iteration(plain, torch.optim.AdamW(plain.parameters(), lr=1e-4)))
     ddp = DistributedDataParallel(mlp(args.width, args.layers, device), bucket_cap_mb=args.bucket_mb)
-    t_ddp = timed(iteration(ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4)))
+    ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    t_ddp = timed(iteration(ddp, ddp_opt))
     model = mlp(args.width, args.layers, device)
     dear, dear_opt = dearcomm.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-4), bucket_mb=args.bucket_mb)
     t_dear = timed(iteration(dear, dear_opt))
@@ -85,7 +92,40 @@ def main():
             print(f"{name:>30} {1e3 * t:8.2f}")
         print(f"dear / serial {t_dear / serial:.3f}   dear / lower bound {t_dear / bound:.3f}   "
               f"dear / DDP {t_dear / t_ddp:.3f}")
+    if args.profile:
+        for name, fn in (("ddp", iteration(ddp, ddp_opt)), ("dear", iteration(dear, dear_opt))):
+            profile_run(name, fn, device, args)
     dist.destroy_process_group()
+
+
+def profile_run(name, fn, device, args):
+    """The host's time to enqueue an iteration (no sync inside the window),
+    then one profiled window: kernels by device time, host calls by CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    host = []
+    for _ in range(args.window):
+        start = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - start)
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.window):
+            fn()
+        torch.cuda.synchronize(device)
+    if dist.get_rank() != 0:
+        return
+    host.sort()
+    print(f"\n## {name}: host time to enqueue one iteration, median {1e3 * host[len(host) // 2]:.2f} ms "
+          f"(min {1e3 * host[0]:.2f}, max {1e3 * host[-1]:.2f}); profiled window of {args.window} iterations")
+    averages = prof.key_averages()
+    for key in ("self_device_time_total", "self_cpu_time_total"):
+        try:
+            print(averages.table(sort_by=key, row_limit=18, max_name_column_width=60))
+        except (AttributeError, KeyError, ValueError) as e:  # an older profiler's key names
+            print(f"(no table by {key}: {e})")
+    prof.export_chrome_trace(f"{args.profile}-{name}.json")
 
 
 if __name__ == "__main__":
