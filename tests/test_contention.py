@@ -99,3 +99,26 @@ def test_alone_is_timed_on_both_sides_of_the_collectives():
     for alone, samples in run_workers(_slow_start, 2, deadline=120):
         assert samples == 6, "3 compute iterations alone before the collectives and 3 after"
         assert alone < 0.1, f"alone {alone * 1e3:.0f} ms: the slow first iterations made the median"
+
+
+def _uneven(rank, world_size):
+    """measure_contention where rank 1's compute takes 5x rank 0's: each
+    timed iteration alone must still start on every rank together."""
+    import time
+
+    from dearcomm.contention import measure_contention
+
+    starts = []
+
+    def compute():
+        starts.append(time.time())
+        time.sleep(0.1 if rank == 1 else 0.02)
+
+    measure_contention(compute, nbytes=1 << 16, iters=3)
+    return starts[2:5] + starts[-3:]  # after the 2 warm-ups: alone before, alone after
+
+
+def test_ranks_time_each_iteration_alone_together():
+    rank0, rank1 = run_workers(_uneven, 2, deadline=120)
+    gaps = [abs(a - b) for a, b in zip(rank0, rank1)]
+    assert max(gaps) < 0.05, f"iterations alone started {max(gaps) * 1e3:.0f} ms apart on the two ranks"
