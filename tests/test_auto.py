@@ -54,6 +54,9 @@ def _auto_worker(rank, world_size):
         step_on_slice(model, optimizer, x, y, rank, world_size)
         if step == 4:  # moves the optimizer state through every update strategy and two layouts
             for options in RECONFIGURATIONS:
+                # What a planner set for the plan auto kept (usbyte's blocks and
+                # priorities, deft's delays) belongs to that plan's schedule.
+                options = dict(options, blocks=None, priorities=None, delays=None)
                 model._dear.reconfigure(dataclasses.replace(model._dear.options, **options))
                 x2, y2 = next(batches(1, global_batch(world_size), seed=100 + step))
                 step_on_slice(model, optimizer, x2, y2, rank, world_size)
