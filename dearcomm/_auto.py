@@ -19,7 +19,8 @@ At the first training forward, before any gradient is communicated:
      that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure), then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
-     fastest (a family's runners-up differ from its best in partition size
+     fastest and of any other within REFINE_WITHIN of the fastest (a
+     family's runners-up differ from its best in partition size
      first: the simulator errs more on how finely to cut than on bucket
      sizes). The shortlist always holds the reference, DDP's layout (wfbp,
      25 MiB buckets, no partitions; for options the user fixed, those):
@@ -82,6 +83,12 @@ REFINE_TRIALS = 2
 """Then the next best predicted candidates of each of the REFINE_FAMILIES
 families that measured fastest."""
 REFINE_FAMILIES = 2
+REFINE_WITHIN = 0.05
+"""...and of every other family whose best measured within this fraction of
+the fastest: trials of TRIAL_STEPS steps differ by a few percent from noise
+alone (widein at 4 ranks: dear sharded 437 ms against wfbp's 427 in their
+trials, 411 against 455 timed over more steps), so such a family is not
+known to be slower."""
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
 CONFIRM_ROUNDS = 3
@@ -542,12 +549,19 @@ def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotun
 
 
 def _refined(plan: AutoPlan) -> AutoPlan:
-    """After the first round: the runners-up of the fastest measured families join the shortlist."""
-    fastest = sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i])[:REFINE_FAMILIES]
+    """After the first round: the runners-up of the fastest measured families
+    (REFINE_FAMILIES, and any other within REFINE_WITHIN of the fastest) join
+    the shortlist."""
+    families = []  # by their fastest measured candidate, fastest first
+    for i in sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i]):
+        family = _family(plan.shortlist[i][0])
+        if family not in (f for f, _ in families):
+            families.append((family, plan.measured_ms[i]))
+    best = families[0][1] if families else 0.0
+    chosen = [f for k, (f, ms) in enumerate(families) if k < REFINE_FAMILIES or ms <= best * (1 + REFINE_WITHIN)]
     measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
     extra = ()
-    for i in fastest:
-        family = _family(plan.shortlist[i][0])
+    for family in chosen:
         extra += tuple(c for c in plan.runners_up if _family(c[0]) == family and c[0] not in measured)[:REFINE_TRIALS]
     return dataclasses.replace(plan, shortlist=plan.shortlist + extra, refined=True)
 
