@@ -89,6 +89,9 @@ the fastest: trials of TRIAL_STEPS steps differ by a few percent from noise
 alone (widein at 4 ranks: dear sharded 437 ms against wfbp's 427 in their
 trials, 411 against 455 timed over more steps), so such a family is not
 known to be slower."""
+REFINE_MAX_FAMILIES = 3
+"""At most this many families refined: on a compute-bound job every family
+measures within noise of the others."""
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
 CONFIRM_ROUNDS = 3
@@ -129,7 +132,8 @@ class AutoPlan:
     """The candidates measured on the running job, with their predictions (ms)."""
     runners_up: Tuple[Tuple[Dict[str, Any], float], ...] = ()
     """Per family (schedule, update), its next best predicted candidates: the
-    refinement measures REFINE_TRIALS of the fastest family's."""
+    refinement measures REFINE_TRIALS of each of the fastest families'
+    (REFINE_FAMILIES, and others within REFINE_WITHIN, REFINE_MAX_FAMILIES at most)."""
     refined: bool = False
     measured_ms: Tuple[float, ...] = ()
     """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
@@ -550,15 +554,16 @@ def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotun
 
 def _refined(plan: AutoPlan) -> AutoPlan:
     """After the first round: the runners-up of the fastest measured families
-    (REFINE_FAMILIES, and any other within REFINE_WITHIN of the fastest) join
-    the shortlist."""
+    (REFINE_FAMILIES, and any other within REFINE_WITHIN of the fastest,
+    REFINE_MAX_FAMILIES at most) join the shortlist."""
     families = []  # by their fastest measured candidate, fastest first
     for i in sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i]):
         family = _family(plan.shortlist[i][0])
         if family not in (f for f, _ in families):
             families.append((family, plan.measured_ms[i]))
     best = families[0][1] if families else 0.0
-    chosen = [f for k, (f, ms) in enumerate(families) if k < REFINE_FAMILIES or ms <= best * (1 + REFINE_WITHIN)]
+    chosen = [f for k, (f, ms) in enumerate(families)
+              if k < REFINE_FAMILIES or ms <= best * (1 + REFINE_WITHIN)][:max(REFINE_FAMILIES, REFINE_MAX_FAMILIES)]
     measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
     extra = ()
     for family in chosen:

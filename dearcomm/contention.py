@@ -148,7 +148,8 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     """Times ``compute()`` (one forward+backward, no communication) alone,
     then beside back-to-back all-reduces of ``nbytes`` on dearcomm's backend
     of ``group`` run by a second thread, then alone again; and the all-reduce
-    alone and beside. Every rank of the group calls it together. Returns the
+    alone and beside. Every rank of the group calls it together, with the
+    same ``iters``. Returns the
     timings (seconds) and both factors fitted (compute_slowdown κ,
     comm_slowdown λ).
 
@@ -156,7 +157,8 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     as many after, and κ's fit takes the median of both: a model's first
     iterations can run far slower than the rest (a wide MLP's took 82 ms
     twice after two warm-ups, then 46 ms), and an "alone" made only of those
-    hides the slowdown being measured (κ read 1.00)."""
+    hides the slowdown being measured (κ read 1.00). A start slower than all
+    ``iters`` iterations before still moves the median halfway."""
     from . import _C
 
     group = group or dist.group.WORLD

@@ -35,7 +35,7 @@ def _auto_worker(rank, world_size):
     # the reference once more; every window "drifts": one re-plan, whose trials go the same way.
     _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
     _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.REFINE_TRIALS, _auto.REFINE_FAMILIES, _auto.TRIAL_STEPS = 1, 2, 1, 1, 1
-    _auto.CONFIRM_ROUNDS, _auto.REFINE_WITHIN = 1, 0.0  # one family refined, however close the others measured
+    _auto.CONFIRM_ROUNDS, _auto.REFINE_MAX_FAMILIES = 1, 1  # one family refined, however close the others measured
     torch.manual_seed(0)
     model = MixedNet()
     slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
@@ -212,6 +212,7 @@ def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monke
     monkeypatch.setattr(_auto, "REFINE_FAMILIES", 2)
     monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
     monkeypatch.setattr(_auto, "REFINE_WITHIN", 0.05)
+    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 3)
     schedules = ["wfbp", "wfbp", "bytescheduler", "dear", "usbyte"]  # wfbp twice: its best and the reference
     shortlist = tuple((_candidate(100.0, schedule=s, update="replicated").options, 100.0) for s in schedules)
     runners_up = tuple((_candidate(100.0, schedule=s, update="replicated", partition_mb=1.0).options, 101.0)
@@ -222,6 +223,12 @@ def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monke
     added = [options["schedule"] for options, _ in _auto._refined(plan).shortlist[len(shortlist):]]
     # wfbp and bytescheduler (the two fastest families; wfbp once), dear at 2.3% behind; usbyte 8% behind is not.
     assert added == ["wfbp", "bytescheduler", "dear"]
+    # usbyte 3% behind is within the margin, but beyond REFINE_MAX_FAMILIES ...
+    close = dataclasses.replace(plan, measured_ms=(427.0, 428.0, 429.0, 437.0, 440.0))
+    assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added
+    # ... which, raised, lets it in.
+    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 4)
+    assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added + ["usbyte"]
 
 
 def test_the_reference_is_ddps_layout_or_the_users_own_options():

@@ -121,4 +121,4 @@ def _uneven(rank, world_size):
 def test_ranks_time_each_iteration_alone_together():
     rank0, rank1 = run_workers(_uneven, 2, deadline=120)
     gaps = [abs(a - b) for a, b in zip(rank0, rank1)]
-    assert max(gaps) < 0.05, f"iterations alone started {max(gaps) * 1e3:.0f} ms apart on the two ranks"
+    assert max(gaps) < 0.1, f"iterations alone started {max(gaps) * 1e3:.0f} ms apart on the two ranks"

@@ -2,8 +2,8 @@
 // cross-stream wait (the result must not change, only the time), or stand in
 // for a stuck collective. Like an NCCL kernel it polls an abort flag in
 // host-mapped memory, so aborting the communicator ends the stall, as it ends
-// a stuck NCCL kernel; a kernel nothing could end would hold every later CUDA
-// call behind it and emulate a hang NCCL never has.
+// a stuck NCCL kernel; a kernel nothing could end would hold ncclCommAbort,
+// which waits for the device, and emulate a hang NCCL never has.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +13,8 @@
 namespace dearcomm {
 namespace kernels {
 
-// Spins for `cycles` GPU clock cycles, or until *abort (device-visible) is non-zero.
+// Spins for `cycles` GPU clock cycles, or until *abort is non-zero; abort must
+// be non-null and device-visible (host-mapped memory, cudaHostAllocMapped).
 cudaError_t spin(int64_t cycles, const volatile int* abort, cudaStream_t stream);
 
 }  // namespace kernels

@@ -190,13 +190,13 @@ NcclBackend::NcclBackend(const c10::intrusive_ptr<c10d::Store>& store, const std
       events_(make_cuda_event_pool(device)) {
   TORCH_CHECK_VALUE(store, "dearcomm: the NCCL backend needs the process group's store");
   const c10::cuda::CUDAGuard guard(device_);
-  comm_ = create_comm(store, key_prefix + "/comm", rank, world_size);
-  if (debug_.stream_delay_cycles > 0 || debug_.compute_delay_cycles > 0) {
+  if (debug_.stream_delay_cycles > 0 || debug_.compute_delay_cycles > 0) {  // before the communicator: a throw leaks nothing
     void* flag = nullptr;
     DEARCOMM_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
     spin_abort_ = static_cast<volatile int*>(flag);
     *spin_abort_ = 0;
   }
+  comm_ = create_comm(store, key_prefix + "/comm", rank, world_size);
   WatchdogHooks hooks;
   // A thread starts on device 0: querying events there would create a
   // context on GPU 0 for every rank (~0.5 GiB each).

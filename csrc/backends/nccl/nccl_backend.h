@@ -110,9 +110,11 @@ class NcclBackend final : public CommBackend {
   ncclComm_t comm_ = nullptr;
   std::timed_mutex nccl_mutex_;  // held by every NCCL call on comm_ (Note [Failure])
   bool aborted_ = false;         // guarded by nccl_mutex_; once set, no NCCL call starts
-  // Set by on_failure() before ncclCommAbort: ends the debug delays' spins as
-  // the abort ends a stuck NCCL kernel (kernels/spin.h). Host-mapped, and only
-  // where a delay is set; never freed, since an aborted stream may still run a spin.
+  // Set before every ncclCommAbort (on_failure(), and the teardown's abort):
+  // ends the debug delays' spins as the abort ends a stuck NCCL kernel
+  // (kernels/spin.h). Host-mapped, and only where a delay is set; never freed,
+  // since a spin may outlive the backend (on an aborted stream, or on the
+  // compute stream under a dropped edge).
   volatile int* spin_abort_ = nullptr;
   std::shared_ptr<HandlePool> events_;
   std::shared_ptr<HandlePool> timing_events_;  // stamps: created on first use
