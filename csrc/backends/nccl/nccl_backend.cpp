@@ -236,13 +236,17 @@ void NcclBackend::on_failure(const std::string& reason) {
     }
     aborted_ = true;
   }
-  if (spin_abort_ != nullptr) {
-    *spin_abort_ = 1;
-  }
+  end_debug_spins();
   // ncclCommAbort waits for work queued before the stuck kernel (it
   // synchronises NCCL's internal stream): on its own thread, so neither the
   // watchdog's stop() nor the backend's teardown waits for it.
   std::thread([comm = comm_] { ncclCommAbort(comm); }).detach();
+}
+
+void NcclBackend::end_debug_spins() {
+  if (spin_abort_ != nullptr) {
+    *spin_abort_ = 1;
+  }
 }
 
 NcclBackend::~NcclBackend() {
@@ -255,9 +259,7 @@ NcclBackend::~NcclBackend() {
   };
   steps.destroy = [this] { ncclCommDestroy(comm_); };
   steps.abort = [this] {
-    if (spin_abort_ != nullptr) {
-      *spin_abort_ = 1;
-    }
+    end_debug_spins();
     ncclCommAbort(comm_);
   };
   const Teardown outcome = bounded_teardown(*watchdog_, steps, timeout_, kWatchdogPoll);

@@ -99,6 +99,7 @@ class NcclBackend final : public CommBackend {
   void check_tensor(const at::Tensor& t, const char* what, const char* role) const;
   const std::shared_ptr<HandlePool>& timing_events();
   void on_failure(const std::string& reason);
+  void end_debug_spins();  // before every ncclCommAbort: see spin_abort_
 
   const int rank_;
   const int world_size_;
