@@ -1,6 +1,9 @@
 """A training iteration over many small gradients, with .grad as views into
-the buckets (autograd accumulates in place, backward packs nothing) against
-the copy path (DEARCOMM_GRAD_VIEWS=0: every backward packs each gradient).
+the buckets against the copy path (DEARCOMM_GRAD_VIEWS=0: .grad is never a
+view; every backward packs each gradient, wfbp unpacks the averages). With
+views, zero_grad() (set_to_none=True) sets .grad to None, so the next backward
+packs each new gradient into its slot; zero_grad(set_to_none=False) keeps the
+views zero-filled, so autograd adds into the bucket and backward packs nothing.
 
 The model is a chain of K bias-free Linear layers whose weights are 4-64 KiB
 (widths ramp from 32 to 128), as the fusion microbenchmark's tensors; batch
@@ -44,12 +47,12 @@ def build(kind: str, schedule: str, update: str, args):
     return model, optimizer
 
 
-def timed_iterations(model, optimizer, x, iters):
+def timed_iterations(model, optimizer, x, iters, set_to_none=True):
     """Per iteration: (whole iteration, backward alone) in seconds."""
     times = []
     for _ in range(iters):
         start = time.perf_counter()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         loss = model(x).square().mean()
         backward_start = time.perf_counter()
         loss.backward()
@@ -57,6 +60,10 @@ def timed_iterations(model, optimizer, x, iters):
         optimizer.step()
         times.append((time.perf_counter() - start, backward_end - backward_start))
     return times
+
+
+def set_to_none(name: str) -> bool:
+    return not name.endswith("zero-filled")  # zero_grad(set_to_none=False): the views kept, zero-filled
 
 
 def main():
@@ -79,7 +86,8 @@ def main():
         copy_name, views_name = f"{schedule}, copy (pack)", f"{schedule}, .grad in bucket"
         runs[copy_name] = build("copy", schedule, update, args)
         runs[views_name] = build("views", schedule, update, args)
-        baseline_of[views_name] = copy_name
+        runs[views_name + ", zero-filled"] = build("views", schedule, update, args)
+        baseline_of[views_name] = baseline_of[views_name + ", zero-filled"] = copy_name
     runs["torch DDP, gradient_as_bucket_view=False"] = build("ddp-copy", None, None, args)
     runs["torch DDP, gradient_as_bucket_view=True"] = build("ddp-views", None, None, args)
     baseline_of["torch DDP, gradient_as_bucket_view=True"] = "torch DDP, gradient_as_bucket_view=False"
@@ -87,13 +95,13 @@ def main():
     for name, (model, optimizer) in runs.items():
         # The switch is read when the engine is built, at the first backward.
         os.environ["DEARCOMM_GRAD_VIEWS"] = "1" if "in bucket" in name else "0"
-        timed_iterations(model, optimizer, x, 3)  # warm-up: buckets, views, allocator
+        timed_iterations(model, optimizer, x, 3, set_to_none(name))  # warm-up: buckets, views, allocator
         if hasattr(model, "_dear"):
             packed[name] = model._dear.engine.packed_params
     times = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (model, optimizer) in runs.items():
-            times[name] += timed_iterations(model, optimizer, x, args.iters)
+            times[name] += timed_iterations(model, optimizer, x, args.iters, set_to_none(name))
 
     # Every rank's iteration is as slow as the slowest rank's: the max over ranks.
     med = torch.tensor([[statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)]
@@ -105,7 +113,7 @@ def main():
         print(f"world size {world}, {len(sizes)} gradients of {min(sizes) // 1024}-{max(sizes) // 1024} KiB "
               f"({sum(sizes) / 2**20:.1f} MiB), batch {args.batch}/rank, 1 thread/rank, bucket {args.bucket_mb} MB, "
               f"{args.rounds} x {args.iters} iterations each")
-        print(f"{'variant':<44}{'iter ms':>9}{'bwd ms':>9}{'packed':>8}{'iter vs copy':>14}")
+        print(f"{'variant':<46}{'iter ms':>9}{'bwd ms':>9}{'packed':>8}{'iter vs copy':>14}")
         rows = {}
         iteration = {name: it for name, (it, _) in zip(times, med.tolist())}
         for (name, ts), (it, bwd) in zip(times.items(), med.tolist()):
@@ -113,7 +121,7 @@ def main():
             spread = statistics.quantiles([t[0] for t in ts], n=10)
             rows[name] = dict(iteration_ms=1e3 * it, backward_ms=1e3 * bwd, packed_params=packed.get(name),
                               ratio_to_copy=ratio, p10_ms=1e3 * spread[0], p90_ms=1e3 * spread[-1])
-            print(f"{name:<44}{1e3 * it:>9.2f}{1e3 * bwd:>9.2f}{str(packed.get(name, '-')):>8}{ratio:>14.3f}")
+            print(f"{name:<46}{1e3 * it:>9.2f}{1e3 * bwd:>9.2f}{str(packed.get(name, '-')):>8}{ratio:>14.3f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(world_size=world, args=vars(args), results=rows), f, indent=2)

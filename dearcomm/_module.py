@@ -61,8 +61,8 @@ class DearModule:
             runtime.sync_gradients = previous
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As optimizer.zero_grad(): a .grad that is a view into its gradient
-        bucket is zero-filled in place and kept, whatever ``set_to_none`` says."""
+        """As optimizer.zero_grad(): with ``set_to_none=False`` a .grad that is a
+        view into its gradient bucket is zero-filled in place and kept."""
         self._dear.zero_grad(list(self.parameters()), set_to_none)
 
     def overlap_report(self) -> OverlapReport:

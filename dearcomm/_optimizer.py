@@ -174,10 +174,12 @@ class DistributedOptimizer(Optimizer):
         return bool(found_inf.item())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero-fills the gradient buckets that .grad points into (one fill per
-        bucket) and keeps .grad as those views, for ``set_to_none`` True or
-        False: the next backward then accumulates straight into the buckets
-        (as DDP with gradient_as_bucket_view=True, or Megatron's main_grad).
+        """As torch's: ``set_to_none=True`` sets .grad to None, and the next
+        backward copies each new gradient into its bucket and makes .grad its
+        view again (as DDP with gradient_as_bucket_view=True).
+        ``set_to_none=False`` zero-fills the buckets that .grad points into
+        (one fill per bucket) and keeps .grad as those views: the next backward
+        accumulates straight into the buckets (as Megatron's main_grad).
         A .grad that is no bucket view gets torch's zero_grad(set_to_none)."""
         self._runtime.zero_grad([p for group in self.param_groups for p in group["params"]], set_to_none)
 

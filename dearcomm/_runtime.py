@@ -450,10 +450,10 @@ class DearRuntime:
         return order + [p for p in self.names if p not in used]
 
     def zero_grad(self, params, set_to_none: bool = True) -> None:
-        """zero_grad() of the optimizer and of the module: a .grad that is a
-        view into its bucket is zero-filled in place and kept, whatever
-        ``set_to_none`` says (as DDP with gradient_as_bucket_view=True); any
-        other .grad gets torch's zero_grad(set_to_none)."""
+        """zero_grad() of the optimizer and of the module: see
+        Engine.zero_grads for a .grad that is a view into its bucket (None, or
+        zero-filled in place and kept); any other .grad gets torch's
+        zero_grad(set_to_none)."""
         engine, others = self.engine, []
         if engine is None:
             others = list(params)

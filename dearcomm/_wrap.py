@@ -54,7 +54,9 @@ def wrap(
         reduce-scatter starts (last bucket first).
         ``.grad`` keeps this rank's local gradient; changing it before step()
         is an error (clip with ``optimizer.clip_grad_norm_`` or max_grad_norm).
-        ``optimizer.zero_grad()`` zero-fills the buckets and keeps the views.
+        ``optimizer.zero_grad()`` sets ``.grad`` to None (the next backward
+        copies each gradient into its bucket); ``zero_grad(set_to_none=False)``
+        zero-fills the buckets and keeps the views.
       * ``optimizer.step()``: waits for the reduce-scatters. update="sharded":
         runs your optimizer on this rank's 1/p shard of fp32 master parameters,
         then issues the all-gathers of every bucket's parameters, in order.

@@ -1,7 +1,9 @@
 """.grad as a view into its gradient bucket (as DDP's gradient_as_bucket_view):
-autograd accumulates straight into the bucket, backward packs nothing, and
-training stays exactly that of one process on the global batch whatever the
-user does with .grad (zero_grad either way, no_sync(), replacing .grad)."""
+after zero_grad(set_to_none=False) autograd accumulates straight into the
+bucket and backward packs nothing; after zero_grad() .grad is None and backward
+packs each new gradient into its slot; training stays exactly that of one
+process on the global batch whatever the user does with .grad (zero_grad
+either way, no_sync(), replacing .grad)."""
 import contextlib
 import copy
 import traceback
@@ -81,10 +83,11 @@ def views_worker(rank, world_size):
                 assert param.grad.untyped_storage().data_ptr() == first.grad.untyped_storage().data_ptr()
                 assert param.grad.data_ptr() == param.grad.untyped_storage().data_ptr() + layout.buffer_offset(i) * 4
             optimizer.step()
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=False)
         count = len(runtime.params)
         if not no_views:
-            # The first backward packs (.grad was None) and points .grad at the views.
+            # The first backward packs (.grad was None) and points .grad at the
+            # views; zero-filled views are accumulated into, never packed.
             assert packed == [count] + [0] * (STEPS - 1), f"parameters packed per backward: {packed}"
         else:
             assert packed == [count] * STEPS, f"parameters packed per backward: {packed}"
@@ -145,7 +148,8 @@ def parity_worker(rank, world_size):
             torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()), **TOL,
                                        msg=lambda m: f"step {step}: {m}")
         count = len(params)
-        every_step = variant == "replaced_grad" or (schedule, update) in NO_VIEWS
+        # Only zero_grad(set_to_none=False) keeps the views for the next backward.
+        every_step = variant != "zero_fill" or (schedule, update) in NO_VIEWS
         expected = [count] * STEPS if every_step else [count] + [0] * (STEPS - 1)
         assert packed == expected, f"parameters packed per backward: {packed}, expected {expected}"
 
@@ -155,9 +159,10 @@ def parity_worker(rank, world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_parity_whatever_the_loop_does_with_grad(world_size):
     """Guards against skipping the pack for a .grad that is not its bucket view
-    (a user's own tensor: zeros would be sent), against zero_grad() leaving the
-    buckets unzeroed (gradients would add up across steps) or dropping the views
-    (packing every step), against no_sync() micro-batches not accumulating in
+    (a user's own tensor: zeros would be sent), against zero_grad(set_to_none=
+    False) leaving the buckets unzeroed (gradients would add up across steps)
+    or dropping the views (packing every step), against zero_grad() leaving
+    .grad a view (autograd would add to the last step's gradient), against no_sync() micro-batches not accumulating in
     the views, and against replicated all-gathers landing in the memory .grad
     points into (.grad would show averages and the next backward add to them)."""
     assert_no_failures(run_workers(parity_worker, world_size, deadline=300))
@@ -174,19 +179,20 @@ def refusal_worker(rank, world_size):
         model, optimizer, _, _ = wrapped_pair("dear", update)
         train_step(model, x, y)
         optimizer.step()
-        optimizer.zero_grad()  # .grad stays the views, zero-filled
+        optimizer.zero_grad(set_to_none=False)  # .grad stays the views, zero-filled
         train_step(model, x, y)
         assert model.head.weight.grad is model._dear.engine.grad_view(model._dear.index[model.head.weight])
         if change == "one_grad":
             model.head.weight.grad.mul_(2.0)
             message = r"\.grad of 'head\.weight' was changed after backward"  # that one only, not its bucket
         else:
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=change == "set_to_none")
             message = r"\.grad of '[\w.]+' and \d+ more was changed after backward"
         with pytest.raises(RuntimeError, match=message):
             optimizer.step()
 
-    return each_case([(u, c) for u in ("sharded", "replicated") for c in ("one_grad", "zero_grad")], run)
+    changes = ("one_grad", "zero_fill", "set_to_none")
+    return each_case([(u, c) for u in ("sharded", "replicated") for c in changes], run)
 
 
 def test_grad_changed_after_backward_is_refused_per_parameter():
@@ -196,3 +202,41 @@ def test_grad_changed_after_backward_is_refused_per_parameter():
     parameter, and the engine's writes to the bucket must not count as the
     user's (that would make every normal step raise)."""
     assert_no_failures(run_workers(refusal_worker, 2))
+
+
+# ---- what zero_grad() leaves in .grad ---------------------------------------------------
+
+def zero_grad_worker(rank, world_size):
+    n = global_batch(world_size)
+    x, y = next(batches(1, n))
+    x, y = local_slice(x, rank, world_size), local_slice(y, rank, world_size)
+
+    def run(schedule, update, how):
+        model, optimizer, _, _ = wrapped_pair(schedule, update)
+        engine_of = lambda: model._dear.engine  # noqa: E731 (built at the first backward)
+        for _ in range(2):  # the second backward starts from the views
+            train_step(model, x, y)
+            optimizer.step()
+            if how == "module":
+                model.zero_grad()
+            else:
+                optimizer.zero_grad(set_to_none=how == "set_to_none")
+        runtime = model._dear
+        for i, param in enumerate(runtime.params):
+            name = runtime.names[param]
+            if how == "zero_fill":
+                assert param.grad is not None and not param.grad.any(), f"{name}: .grad is not zeros"
+                if (schedule, update) not in NO_VIEWS:
+                    assert param.grad is engine_of().grad_view(i), f"{name}: the view was not kept"
+            else:  # as torch's zero_grad(): the default set_to_none=True
+                assert param.grad is None, f"{name}: .grad is {type(param.grad).__name__}, not None"
+
+    return each_case([(s, u, h) for s, u in SCHEDULES for h in ("set_to_none", "zero_fill", "module")], run)
+
+
+def test_zero_grad_sets_grad_to_none_or_zero_fills_the_views():
+    """Guards against zero_grad() keeping the views whatever set_to_none says
+    (the next backward would pay a fill and an add instead of one copy, and
+    code that tests `p.grad is None` after zero_grad() would see zeros), and
+    against zero_grad(set_to_none=False) dropping the views."""
+    assert_no_failures(run_workers(zero_grad_worker, 2, deadline=180))

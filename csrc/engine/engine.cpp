@@ -495,10 +495,15 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
         // backward reaches the engine's check (a clear error) instead of
         // failing inside autograd's accumulation into the old shape.
         grad.reset();
+      } else if (view && set_to_none) {
+        // As DDP with gradient_as_bucket_view: the next backward's fresh
+        // gradient is copied into the slot (one read, one write), where a kept
+        // view costs a fill and autograd's add (two reads, two writes).
+        grad.reset();
       } else if (view && !buckets_in_use) {
         views.push_back(p);
       } else if (view) {  // the reductions may still read the bucket: not in place
-        grad = set_to_none ? at::Tensor() : at::zeros_like(grad);
+        grad = at::zeros_like(grad);
       } else if (grad.defined() && layout_.params[p].bucket == static_cast<int64_t>(b)) {
         not_views.push_back(p);  // once, from its first bucket
       }

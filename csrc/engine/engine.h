@@ -96,12 +96,15 @@ class Engine final : private core::Device {
   // Undefined where the bucket cannot hold .grad as it is.
   at::Tensor grad_view(int64_t param) const;
   bool uses_grad_views() const;
-  // zero_grad() for `params`' bucket views: a .grad that is its bucket view is
-  // zero-filled in place and kept (one fill per bucket when all of its
-  // parameters are selected), whatever `set_to_none` says. Between a backward
-  // and the end of its reductions (a backward that raised) the buckets are
-  // left alone: views are dropped. Returns the selected parameters whose .grad
-  // is defined and no view, for the caller to give torch's zero_grad.
+  // zero_grad() for `params`' bucket views. set_to_none: .grad becomes None
+  // (the bucket is not touched; the next backward packs each new gradient into
+  // its slot and points .grad at the view again). Otherwise a .grad that is its
+  // bucket view is zero-filled in place and kept (one fill per bucket when all
+  // of its parameters are selected), so the next backward accumulates into it;
+  // between a backward and the end of its reductions (a backward that raised)
+  // the buckets are left alone and the views replaced by zeros. Returns the
+  // selected parameters whose .grad is defined and no view, for the caller to
+  // give torch's zero_grad.
   std::vector<int64_t> zero_grads(const std::vector<int64_t>& params, bool set_to_none);
 
   // ---- step ------------------------------------------------------------
