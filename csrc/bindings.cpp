@@ -49,10 +49,12 @@ BucketLayout plan(const std::vector<int64_t>& numels, const py::list& dtypes, in
 // A collective started from Python (benchmarks, tests); wait() releases the GIL.
 struct PyPending {
   std::unique_ptr<PendingCollective> pending;
+  int64_t completed_ns = -1;  // kept when the collective is released
   void wait(double timeout_seconds) {
     TORCH_CHECK(pending, "dearcomm: this collective was already waited for");
     pending->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
-    pending.reset();
+    completed_ns = pending->completed_ns();
+    pending.reset();  // here, without the GIL: its Works die off Python's thread state
   }
 };
 
@@ -351,7 +353,9 @@ PYBIND11_MODULE(_C, m) {
       .def("__exit__", [](NoPythonTLS& self, const py::args&) { self.guard.reset(); });
   py::class_<PyPending>(m, "PendingCollective")
       .def("wait", &PyPending::wait, py::arg("timeout_seconds") = 1800.0, release(),
-           "CPU: blocks until done. NCCL: orders the current stream after the collective.");
+           "CPU: blocks until done. NCCL: orders the current stream after the collective.")
+      .def_property_readonly("completed_ns", [](const PyPending& p) { return p.pending ? p.pending->completed_ns() : p.completed_ns; },
+                             "When it completed (steady clock, ns) where the backend knows without waiting; else -1.");
   m.def("reduce_scatter", [](const py::capsule& b, const at::Tensor& input, const at::Tensor& output) {
     auto backend = backend_from_capsule(b);
     py::gil_scoped_release no_gil;
@@ -367,6 +371,8 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     return PyPending{backend->all_reduce(buffer)};
   }, py::arg("backend"), py::arg("buffer"));
+  m.def("keep_issue_order", [](const py::capsule& b) { backend_from_capsule(b)->keep_issue_order(); },
+        py::arg("backend"), "From now on the backend's all-reduces hold the link one at a time in issue order.");
   m.def("pack", [](const py::capsule& b, const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
                    const at::Tensor& flat, double scale) { backend_from_capsule(b)->pack(sources, offsets, flat, scale); },
         py::arg("backend"), py::arg("sources"), py::arg("offsets"), py::arg("flat"), py::arg("scale") = 1.0, release());
@@ -442,6 +448,7 @@ PYBIND11_MODULE(_C, m) {
            "bucket (-1: an iteration event), event, bucket_state (after).")
       .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
       .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
+      .def_property_readonly("keeps_issue_order", &Engine::keeps_issue_order)
       .def("set_update_fn", [](Engine& engine, py::function fn) {
         // Called from GIL-free engine code: take the GIL to call, and to drop, the function.
         auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {

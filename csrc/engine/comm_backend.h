@@ -67,6 +67,9 @@ class CommBackend {
   // From now on every collective's finished() gives a stamp (a GPU records a
   // timing event after each one; the CPU has them anyway).
   virtual void time_collectives() {}
+  // From now on all-reduces hold the link one at a time in issue order (a
+  // GPU's one communication stream does so anyway).
+  virtual void keep_issue_order() {}
   // Sums `values` over all ranks without blocking the caller; every rank
   // calls it at the same point, as for any collective. For agreements on a
   // few figures (the link model), wherever the buffers live.

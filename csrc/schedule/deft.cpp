@@ -33,6 +33,7 @@ class DeftPolicy final : public SchedulePolicy {
   }
   std::vector<Op> on_eligible(int64_t bucket) override { return {{Collective::kAllReduce, bucket}}; }
   ReductionsWaited reductions_waited() const override { return ReductionsWaited::kWhenBackwardReturns; }
+  bool needs_issue_order() const override { return true; }
   std::vector<Op> at_step(int64_t) override { return {}; }  // nothing to gather: parameters are current
 
  private:

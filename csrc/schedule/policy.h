@@ -80,6 +80,11 @@ class SchedulePolicy {
   // Whether begin_iteration reads `drained`: the executor measures the link
   // and agrees on the model with the other ranks only for such a policy.
   virtual bool uses_link_model() const { return false; }
+  // Whether the link must serve collectives one at a time in issue order
+  // (one NCCL stream does; gloo runs two all-reduces at once): a delayed
+  // reduction in flight across the next backward must not share the link
+  // with that backward's own, which the backward waits for.
+  virtual bool needs_issue_order() const { return false; }
   // Backward: bucket `bucket` is *eligible*, i.e. it and every bucket after it
   // (canonical backward order: descending index) are complete on this rank.
   // The executor derives eligibility, so every rank sees the same sequence of

@@ -21,6 +21,7 @@ namespace dearcomm {
 // thread), or why posting failed; and when the last Work completed.
 class Posting {
  public:
+  explicit Posting(bool whole = false) : whole_(whole) {}
   // Takes the Works and stamps the completion time as the last one ends (gloo's
   // threads run the callbacks; send/recv Works have no future: then it stays unknown).
   void complete(std::vector<c10::intrusive_ptr<c10d::Work>> works) {
@@ -42,19 +43,26 @@ class Posting {
     settle(std::move(works), nullptr);
   }
   void fail(std::exception_ptr error) { settle({}, std::move(error)); }
+  // The poster ran the whole collective, waiting for its Works itself (no
+  // other thread may wait for a gloo send or receive: its completion is
+  // consumed by the first waiter); it completed at `completed_ns`.
+  void ran(int64_t completed_ns) {
+    progress_->completed.store(completed_ns);
+    settle({}, nullptr);
+  }
 
   // The Works, once posted; throws what posting threw, or if it took longer than `timeout`.
   const std::vector<c10::intrusive_ptr<c10d::Work>>& works(std::chrono::milliseconds timeout, const char* what) {
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(posted_.wait_for(lock, timeout, [this] { return done_; }),
-        what, " was not even posted within ", timeout.count(), " ms");
+        what, whole_ ? " did not finish within " : " was not even posted within ", timeout.count(), " ms");
     if (error_) {
       try {
         std::rethrow_exception(error_);
       } catch (const std::exception& e) {
-        TORCH_CHECK(false, what, " could not be posted: ", e.what());
+        TORCH_CHECK(false, what, whole_ ? " failed: " : " could not be posted: ", e.what());
       } catch (...) {
-        TORCH_CHECK(false, what, " could not be posted");
+        TORCH_CHECK(false, what, whole_ ? " failed" : " could not be posted");
       }
     }
     return works_;
@@ -82,6 +90,7 @@ class Posting {
     std::atomic<int64_t> completed{-1};
   };
   std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
+  const bool whole_;  // the poster runs the whole collective (ran() or fail())
   std::mutex mutex_;
   std::condition_variable posted_;
   bool done_ = false;
@@ -157,10 +166,21 @@ bool post_inline() {
   return value != nullptr && std::string(value) == "0";
 }
 
+// DEARCOMM_CPU_ORDERED=1 orders every all-reduce, =0 none (gloo's allreduce,
+// which runs two at once); unset, those of a schedule that asks
+// (keep_issue_order). A switch for A/B measurements, not a tuning knob.
+int ordered_override() {
+  const char* value = std::getenv("DEARCOMM_CPU_ORDERED");
+  return value == nullptr ? -1 : std::string(value) == "0" ? 0 : 1;
+}
+
 }  // namespace
 
 ProcessGroupBackend::ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_(std::move(group)), poster_(post_inline()) {
+    : ordered_override_(post_inline() ? 0 : ordered_override()),  // inline, the poster would block the caller
+      ordered_all_reduce_(ordered_override_ == 1),
+      group_(std::move(group)),
+      poster_(post_inline()) {
   TORCH_CHECK_VALUE(group_, "dearcomm: the process group is None");
 }
 
@@ -251,7 +271,107 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Ten
   return std::make_unique<WorkHandle>(exchange(outgoing, incoming), "all-gather");
 }
 
+std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const at::Tensor& buffer) {
+  const int p = world_size();
+  const int r = rank();
+  const int64_t shard = buffer.numel() / p;
+  at::Tensor& scratch = scatter_scratch_[buffer.data_ptr()];
+  if (!scratch.defined() || scratch.numel() != buffer.numel() || scratch.dtype() != buffer.dtype()) {
+    scratch = at::empty_like(buffer);
+  }
+  // Chunk j is rank j's; the reduce-scatter sends chunk j to rank j and
+  // receives rank j's copy of chunk r into received[j]; the all-gather sends
+  // the summed chunk r to every rank and receives rank j's into chunk j. Each
+  // chunk goes in pieces of ~kPieceBytes, piece k of every chunk at the same
+  // offset, so piece k can be summed and sent on while later pieces arrive.
+  std::vector<at::Tensor> chunks, received;
+  for (int j = 0; j < p; ++j) {
+    chunks.push_back(buffer.narrow(0, j * shard, shard));
+    received.push_back(scratch.narrow(0, j * shard, shard));
+  }
+  const int64_t shard_bytes = shard * static_cast<int64_t>(buffer.element_size());
+  const int64_t count = std::clamp<int64_t>((shard_bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+  const int64_t piece = (shard + count - 1) / count;
+  const int64_t scatter_tag = next_exchange_++ % kTagCycles * kMaxPieces;  // tags: (exchange number, piece)
+  const int64_t gather_tag = next_exchange_++ % kTagCycles * kMaxPieces;
+  auto posting = std::make_shared<Posting>(/*whole=*/true);
+  poster_.post([group = group_, p, r, shard, piece, scatter_tag, gather_tag, chunks = std::move(chunks),
+                received = std::move(received), summands = scratch.view({p, shard}), posting]() mutable {
+    WithoutPythonTLS no_python_objects;
+    NoProfilerRecordInWorks no_records;
+    // Everything that holds the caller's buffer goes before the caller is told:
+    // a view of a tensor Python owns releases it with the GIL, which the caller
+    // may hold once it stops waiting (and, destroying the backend, wait for
+    // this thread: poster.h).
+    auto release = [&] {
+      chunks.clear();
+      received.clear();
+      summands = at::Tensor();
+    };
+    try {
+      using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
+      auto send = [&](const at::Tensor& t, int peer, int64_t tag) {
+        std::vector<at::Tensor> buffers{t};
+        return group->send(buffers, peer, static_cast<int>(tag));
+      };
+      auto recv = [&](const at::Tensor& t, int peer, int64_t tag) {
+        std::vector<at::Tensor> buffers{t};
+        return group->recv(buffers, peer, static_cast<int>(tag));
+      };
+      std::vector<Works> arriving;  // per piece: the reduce-scatter's receives
+      Works rest;                   // sends and the all-gather's receives, waited at the end
+      for (int64_t k = 0, offset = 0; offset < shard; ++k, offset += piece) {
+        const int64_t length = std::min(piece, shard - offset);
+        arriving.emplace_back();
+        for (int j = 0; j < p; ++j) {
+          if (j == r) {
+            continue;
+          }
+          arriving.back().push_back(recv(received[j].narrow(0, offset, length), j, scatter_tag + k));
+          rest.push_back(send(chunks[j].narrow(0, offset, length), j, scatter_tag + k));
+          // Safe before our send of this piece is done: rank j sends it only
+          // after summing, so after it received ours.
+          rest.push_back(recv(chunks[j].narrow(0, offset, length), j, gather_tag + k));
+        }
+      }
+      for (int64_t k = 0, offset = 0; offset < shard; ++k, offset += piece) {
+        const int64_t length = std::min(piece, shard - offset);
+        for (const auto& work : arriving[k]) {
+          work->wait();  // the group's timeout; the training thread's wait has its own
+        }
+        at::Tensor own = chunks[r].narrow(0, offset, length);
+        received[r].narrow(0, offset, length).copy_(own);
+        at::sum_out(own, summands.narrow(1, offset, length), /*dim=*/{0});
+        for (int j = 0; j < p; ++j) {
+          if (j != r) {
+            rest.push_back(send(own, j, gather_tag + k));
+          }
+        }
+      }
+      for (const auto& work : rest) {
+        work->wait();
+      }
+      const int64_t completed = steady_now_ns();
+      arriving.clear();
+      rest.clear();
+      release();
+      posting->ran(completed);
+    } catch (...) {  // a job must not throw (poster.h): the waiter raises it
+      release();
+      posting->fail(std::current_exception());
+    }
+  });
+  return std::make_unique<WorkHandle>(std::move(posting), "all-reduce");
+}
+
+void ProcessGroupBackend::keep_issue_order() {
+  ordered_all_reduce_ = ordered_override_ != 0;
+}
+
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {
+  if (ordered_all_reduce_ && world_size() > 1 && buffer.numel() % world_size() == 0 && buffer.is_contiguous()) {
+    return ordered_all_reduce(buffer);
+  }
   WithoutPythonTLS no_python_objects;  // in the Work and its future's callbacks: see python_tls.h
   NoProfilerRecordInWorks no_records;
   std::vector<at::Tensor> tensors{buffer};

@@ -32,6 +32,7 @@ class ProcessGroupBackend final : public CommBackend {
   std::unique_ptr<PendingCollective> reduce_scatter(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) override;
+  void keep_issue_order() override;
   void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
             const at::Tensor& flat, double scale) override;
   void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
@@ -47,6 +48,14 @@ class ProcessGroupBackend final : public CommBackend {
   // rate for the same reason.
   std::shared_ptr<Posting> exchange(const std::vector<at::Tensor>& outgoing,
                                     const std::vector<at::Tensor>& incoming);
+  // all_reduce once keep_issue_order() was called: the reduce-scatter
+  // exchange, a local sum and the all-gather exchange, piece by piece, run
+  // whole by the poster thread, so all-reduces hold the link one at a time in
+  // issue order (gloo's own allreduce runs two at once on its two worker
+  // threads, sharing the link: the one issued first finishes later).
+  std::unique_ptr<PendingCollective> ordered_all_reduce(const at::Tensor& buffer);
+  const int ordered_override_;  // DEARCOMM_CPU_ORDERED: 1 every all-reduce, 0 none, -1 where asked
+  bool ordered_all_reduce_;
   static constexpr int64_t kPieceBytes = 1 << 20;
   static constexpr int64_t kMaxPieces = 64;
   static constexpr int64_t kTagCycles = int64_t{1} << 24;  // tags stay below 2^30
