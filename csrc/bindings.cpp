@@ -448,7 +448,7 @@ PYBIND11_MODULE(_C, m) {
            "bucket (-1: an iteration event), event, bucket_state (after).")
       .def_property_readonly("layout", &Engine::layout, py::return_value_policy::reference_internal)
       .def_property_readonly("backend", [](const Engine& e) { return e.backend().name(); })
-      .def_property_readonly("keeps_issue_order", &Engine::keeps_issue_order)
+      .def_property_readonly("all_reduces_in_issue_order", &Engine::all_reduces_in_issue_order)
       .def("set_update_fn", [](Engine& engine, py::function fn) {
         // Called from GIL-free engine code: take the GIL to call, and to drop, the function.
         auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {

@@ -11,8 +11,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+import dearcomm
 from dearcomm import _C
+from tests.models import MixedNet, batches, global_batch, local_slice
 from tests.multiprocess import run_workers
 
 
@@ -21,8 +24,10 @@ def values_worker(rank, world_size):
     _C.keep_issue_order(backend)
     generator = torch.Generator().manual_seed(rank)
     # Multiples of the world size take the ordered path; 7 elements fall back to gloo's.
+    # 2^18 + 5 fp32 per chunk: two pieces of unequal length.
     for numel, dtype in ((world_size * 1000, torch.float32), (world_size * (1 << 19), torch.float32),
-                         (world_size * 333, torch.bfloat16), (7, torch.float32)):
+                         (world_size * ((1 << 18) + 5), torch.float32), (world_size * 333, torch.bfloat16),
+                         (7, torch.float32)):
         ours = torch.randn(numel, generator=generator).to(dtype)
         # fp32 sums of a few bf16 values are exact: rounded once, they are what
         # one sum of the p chunks gives (gloo's ring rounds at every step).
@@ -84,4 +89,24 @@ def test_all_reduces_finish_in_issue_order_where_asked(env, ask, ordered):
         if ordered:
             assert not any(second_first), f"rank {rank}: the second all-reduce finished first: {pairs}"
         else:
-            assert all(second_first), f"rank {rank}: gloo ran its allreduces in order: {pairs}"
+            assert any(second_first), f"rank {rank}: gloo ran its allreduces in order: {pairs}"
+
+
+def engine_worker(rank, world_size):
+    ordered = {}
+    for schedule in ("wfbp", "deft"):
+        torch.manual_seed(0)
+        net = MixedNet()
+        model, optimizer = dearcomm.wrap(net, torch.optim.SGD(net.parameters(), lr=0.1), schedule=schedule)
+        x, y = next(batches(1, global_batch(world_size)))
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        ordered[schedule] = model._dear.engine.all_reduces_in_issue_order
+    return ordered
+
+
+def test_the_engine_asks_for_issue_order_where_its_schedule_needs_it():
+    """Guards against the engine not passing deft's request on to the CPU
+    backend, and against every schedule paying for the ordered path."""
+    for rank, ordered in enumerate(run_workers(engine_worker, 2, deadline=120)):
+        assert ordered == {"wfbp": False, "deft": True}, f"rank {rank}: {ordered}"

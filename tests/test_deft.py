@@ -123,7 +123,7 @@ def delayed_worker(rank, world_size):
             model, optimizer, scheduler, reference, ref_optimizer, ref_scheduler = build(case["optim"], delays)
             loop(model, optimizer, scheduler, rank, world_size, STEPS, case["clip"], case["accumulate"])
             # Its delayed all-reduce must not share the link with the next backward's.
-            assert model._dear.engine.keeps_issue_order, "deft did not ask the backend for all-reduces in issue order"
+            assert model._dear.engine.all_reduces_in_issue_order, "deft's all-reduces are not in issue order"
             loop(reference, ref_optimizer, ref_scheduler, None, world_size, STEPS, case["clip"], case["accumulate"],
                  swap=DelayedReference(reference, delays).swap)
             results[case_id(case)] = differences(model, reference)  # a normal loop: no sync() before reading

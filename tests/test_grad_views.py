@@ -111,13 +111,14 @@ def test_grad_is_its_bucket_view_and_backward_packs_nothing(world_size):
 
 # ---- parity whatever the loop does with .grad ---------------------------------------
 
-VARIANTS = ["set_to_none", "zero_fill", "module_zero_grad", "no_sync", "replaced_grad"]
+VARIANTS = ["set_to_none", "zero_fill", "module_zero_grad", "no_sync", "no_sync_zero_fill", "replaced_grad"]
+ZERO_FILL = ("zero_fill", "no_sync_zero_fill")  # zero_grad(set_to_none=False): the views are kept
 
 
 def parity_worker(rank, world_size):
     def run(schedule, update, variant):
         model, optimizer, reference, ref_opt = wrapped_pair(schedule, update)
-        micro = 2 if variant == "no_sync" else 1
+        micro = 2 if variant.startswith("no_sync") else 1
         params, ref_params = list(model.parameters()), list(reference.parameters())
         packed = []
         for step, (x, y) in enumerate(batches(STEPS, global_batch(world_size) * micro)):
@@ -137,7 +138,7 @@ def parity_worker(rank, world_size):
                 for p, expected, q in zip(params, torch.autograd.grad(loss, ref_params), ref_params):
                     torch.testing.assert_close(p.grad, expected, **TOL, msg=lambda m: f"step {step} .grad: {m}")
             optimizer.step()
-            if variant == "zero_fill":
+            if variant in ZERO_FILL:
                 optimizer.zero_grad(set_to_none=False)
             elif variant == "module_zero_grad":
                 model.zero_grad()
@@ -149,7 +150,7 @@ def parity_worker(rank, world_size):
                                        msg=lambda m: f"step {step}: {m}")
         count = len(params)
         # Only zero_grad(set_to_none=False) keeps the views for the next backward.
-        every_step = variant != "zero_fill" or (schedule, update) in NO_VIEWS
+        every_step = variant not in ZERO_FILL or (schedule, update) in NO_VIEWS
         expected = [count] * STEPS if every_step else [count] + [0] * (STEPS - 1)
         assert packed == expected, f"parameters packed per backward: {packed}, expected {expected}"
 

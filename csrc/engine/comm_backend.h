@@ -70,6 +70,7 @@ class CommBackend {
   // From now on all-reduces hold the link one at a time in issue order (a
   // GPU's one communication stream does so anyway).
   virtual void keep_issue_order() {}
+  virtual bool all_reduces_in_issue_order() const { return true; }
   // Sums `values` over all ranks without blocking the caller; every rank
   // calls it at the same point, as for any collective. For agreements on a
   // few figures (the link model), wherever the buffers live.

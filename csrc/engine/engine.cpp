@@ -84,8 +84,7 @@ Engine::Engine(BucketLayout layout,
         slot.numel, " elements of ", dtype, ")");
   }
   const bool uses_link_model = policy->uses_link_model();
-  keeps_issue_order_ = policy->needs_issue_order();
-  if (keeps_issue_order_) {
+  if (policy->needs_issue_order()) {
     backend_->keep_issue_order();
   }
   // Before the buffers: they follow the executor's buffer slots. It calls no

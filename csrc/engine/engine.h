@@ -84,8 +84,9 @@ class Engine final : private core::Device {
   // Parameters whose gradient the last backward copied into its bucket: those
   // whose .grad was not (yet) their bucket view. 0 in steady state with views.
   int64_t packed_params() const { return packed_params_; }
-  // Whether the schedule asked the backend to serve all-reduces in issue order.
-  bool keeps_issue_order() const { return keeps_issue_order_; }
+  // Whether the backend serves this engine's all-reduces in issue order (on
+  // CPU: where the schedule asked, needs_issue_order()).
+  bool all_reduces_in_issue_order() const { return backend_->all_reduces_in_issue_order(); }
 
   // ---- gradients as bucket views (as DDP's gradient_as_bucket_view) -------
   // Where a bucket communicates gradients in the parameters' dtype without
@@ -236,7 +237,6 @@ class Engine final : private core::Device {
   std::vector<at::Tensor> grad_views_;       // per parameter; undefined where impossible
   bool params_bound_ = false;
   int64_t packed_params_ = 0;            // this backward, see packed_params()
-  bool keeps_issue_order_ = false;
   // Policies that queue under a credit (uses_link_model): the meter, the sums
   // of its figures (one started at the end of each backward) and the agreed
   // model. The sum started at the end of backward i is adopted when backward

@@ -271,7 +271,8 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Ten
   return std::make_unique<WorkHandle>(exchange(outgoing, incoming), "all-gather");
 }
 
-std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const at::Tensor& buffer) {
+std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const at::Tensor& tensor) {
+  const at::Tensor buffer = tensor.view({-1});  // contiguous (all_reduce checked): chunks along its elements
   const int p = world_size();
   const int r = rank();
   const int64_t shard = buffer.numel() / p;
@@ -366,6 +367,10 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
 
 void ProcessGroupBackend::keep_issue_order() {
   ordered_all_reduce_ = ordered_override_ != 0;
+  if (!ordered_all_reduce_ && post_inline()) {
+    TORCH_WARN_ONCE("dearcomm: DEARCOMM_CPU_POSTER=0 posts on the training thread, so the schedule's all-reduces "
+                    "cannot be kept in issue order; gloo's allreduce runs two at once");
+  }
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Tensor& buffer) {

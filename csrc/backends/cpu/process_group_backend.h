@@ -33,6 +33,7 @@ class ProcessGroupBackend final : public CommBackend {
   std::unique_ptr<PendingCollective> all_gather(const at::Tensor& input, const at::Tensor& output) override;
   std::unique_ptr<PendingCollective> all_reduce(const at::Tensor& buffer) override;
   void keep_issue_order() override;
+  bool all_reduces_in_issue_order() const override { return ordered_all_reduce_; }
   void pack(const std::vector<at::Tensor>& sources, const std::vector<int64_t>& offsets,
             const at::Tensor& flat, double scale) override;
   void unpack(const at::Tensor& flat, const std::vector<int64_t>& offsets,
@@ -53,7 +54,7 @@ class ProcessGroupBackend final : public CommBackend {
   // whole by the poster thread, so all-reduces hold the link one at a time in
   // issue order (gloo's own allreduce runs two at once on its two worker
   // threads, sharing the link: the one issued first finishes later).
-  std::unique_ptr<PendingCollective> ordered_all_reduce(const at::Tensor& buffer);
+  std::unique_ptr<PendingCollective> ordered_all_reduce(const at::Tensor& tensor);
   const int ordered_override_;  // DEARCOMM_CPU_ORDERED: 1 every all-reduce, 0 none, -1 where asked
   bool ordered_all_reduce_;
   static constexpr int64_t kPieceBytes = 1 << 20;
