@@ -493,15 +493,14 @@ std::vector<int64_t> Engine::zero_grads(const std::vector<int64_t>& params, bool
       const bool view = is_grad_view(p, grad);
       if (!selected[p]) {
         others_keep_views = others_keep_views || view;
-      } else if (view && params_[p].sizes() != grad.sizes()) {
-        // The parameter changed shape after wrap(): without .grad, the next
-        // backward reaches the engine's check (a clear error) instead of
-        // failing inside autograd's accumulation into the old shape.
-        grad.reset();
-      } else if (view && set_to_none) {
-        // As DDP with gradient_as_bucket_view: the next backward's fresh
-        // gradient is copied into the slot (one read, one write), where a kept
-        // view costs a fill and autograd's add (two reads, two writes).
+      } else if (view && (set_to_none || params_[p].sizes() != grad.sizes())) {
+        // set_to_none, as DDP with gradient_as_bucket_view: the next
+        // backward's fresh gradient is copied into the slot (one read, one
+        // write), where a kept view costs a fill and autograd's add (two
+        // reads, two writes). A parameter that changed shape after wrap():
+        // without .grad, the next backward reaches the engine's check (a clear
+        // error) instead of failing inside autograd's accumulation into the
+        // old shape.
         grad.reset();
       } else if (view && !buckets_in_use) {
         views.push_back(p);

@@ -188,6 +188,14 @@ std::string ProcessGroupBackend::name() const {
   return "c10d:" + group_->getBackendName();
 }
 
+int64_t ProcessGroupBackend::next_tags() {
+  return next_exchange_++ % kTagCycles * kMaxPieces;
+}
+
+int64_t ProcessGroupBackend::piece_count(int64_t bytes) {
+  return std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+}
+
 std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Tensor>& outgoing,
                                                         const std::vector<at::Tensor>& incoming) {
   // Every message of one exchange has the same size, so both ends cut it into
@@ -199,18 +207,17 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
     int tag;
     at::Tensor in, out;
   };
-  const int64_t call = next_exchange_++ % kTagCycles;
+  const int64_t tags = next_tags();
   std::vector<Piece> pieces;
   for (int peer = 0; peer < world_size(); ++peer) {
     if (peer == rank()) {
       continue;
     }
-    const int64_t bytes = incoming[peer].numel() * static_cast<int64_t>(incoming[peer].element_size());
-    const int64_t count = std::clamp<int64_t>((bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
+    const int64_t count = piece_count(incoming[peer].nbytes());
     auto in = incoming[peer].chunk(count);
     auto out = outgoing[peer].chunk(count);
     for (size_t k = 0; k < in.size(); ++k) {
-      pieces.push_back({peer, static_cast<int>(call * kMaxPieces + static_cast<int64_t>(k)), in[k], out[k]});
+      pieces.push_back({peer, static_cast<int>(tags + static_cast<int64_t>(k)), in[k], out[k]});
     }
   }
   auto posting = std::make_shared<Posting>();
@@ -290,11 +297,10 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
     chunks.push_back(buffer.narrow(0, j * shard, shard));
     received.push_back(scratch.narrow(0, j * shard, shard));
   }
-  const int64_t shard_bytes = shard * static_cast<int64_t>(buffer.element_size());
-  const int64_t count = std::clamp<int64_t>((shard_bytes + kPieceBytes - 1) / kPieceBytes, 1, kMaxPieces);
-  const int64_t piece = (shard + count - 1) / count;
-  const int64_t scatter_tag = next_exchange_++ % kTagCycles * kMaxPieces;  // tags: (exchange number, piece)
-  const int64_t gather_tag = next_exchange_++ % kTagCycles * kMaxPieces;
+  const int64_t count = piece_count(shard * static_cast<int64_t>(buffer.element_size()));
+  const int64_t piece = (shard + count - 1) / count;  // as Tensor::chunk(count) cuts
+  const int64_t scatter_tag = next_tags();
+  const int64_t gather_tag = next_tags();
   auto posting = std::make_shared<Posting>(/*whole=*/true);
   poster_.post([group = group_, p, r, shard, piece, scatter_tag, gather_tag, chunks = std::move(chunks),
                 received = std::move(received), summands = scratch.view({p, shard}), posting]() mutable {

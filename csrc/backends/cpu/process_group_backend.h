@@ -49,6 +49,11 @@ class ProcessGroupBackend final : public CommBackend {
   // rate for the same reason.
   std::shared_ptr<Posting> exchange(const std::vector<at::Tensor>& outgoing,
                                     const std::vector<at::Tensor>& incoming);
+  // The first tag of the next exchange's pieces: tags are (exchange number,
+  // piece), the same on every rank because every rank calls in the same order.
+  int64_t next_tags();
+  // How many pieces of ~kPieceBytes a message of `bytes` goes in.
+  static int64_t piece_count(int64_t bytes);
   // all_reduce once keep_issue_order() was called: the reduce-scatter
   // exchange, a local sum and the all-gather exchange, piece by piece, run
   // whole by the poster thread, so all-reduces hold the link one at a time in
