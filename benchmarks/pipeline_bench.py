@@ -215,6 +215,19 @@ def _netlab_model(width: int, blocks: int):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+def _measure_contention(model, x, y, mib: float) -> dict:
+    """dearcomm.contention.measure_contention on one micro-batch's
+    forward+backward (every rank together)."""
+    from torch import nn
+
+    from dearcomm.contention import measure_contention
+
+    def compute() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+    return measure_contention(compute, nbytes=int(mib * 2**20), iters=8)
+
+
 def cmd_netlab(args) -> int:
     """Parent: build the emulated cluster (per-rank rates) and run the ranks."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -227,12 +240,13 @@ def cmd_netlab(args) -> int:
                                "--json", out, "--steps", str(args.steps), "--microbatches", str(args.microbatches),
                                "--batch", str(args.batch), "--width", str(args.width), "--blocks", str(args.blocks),
                                "--latency-us", str(args.latency_us), "--efficiency", str(args.efficiency),
-                               "--transfer-cpu", args.transfer_cpu, "--host-cores", str(args.host_cores)])
+                               "--transfer-cpu", args.transfer_cpu, "--host-cores", str(args.host_cores),
+                               "--contention-mib", str(args.contention_mib)])
     if code == 0 and os.path.exists(out):
         with open(out) as f:
             rows = json.load(f)["rows"]
         print(f"\nrates {args.rates}, {args.microbatches} micro-batches of {args.batch // args.microbatches}:")
-        columns = [("profile", "offline"), ("in situ", "insitu")]
+        columns = [("profile", "offline"), ("in situ", "insitu"), ("κ, λ", "contention")]
         if args.transfer_cpu or args.host_cores:
             columns += [("new, all cores", "new_all_cores"), ("new", "new"), ("new, in situ", "new_insitu")]
         print(f"{'plan':<10} {'measured':>9} " + " ".join(f"{c:>16} {'err':>6}" for c, _ in columns) + "  plan")
@@ -300,6 +314,15 @@ def cmd_rank(args) -> int:
         box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)], cpu_profile]
     dist.broadcast_object_list(box, src=0)
     profile, plans, cpu_profile = box
+    # The data-parallel simulator's contention factors, measured here as wrap()'s
+    # "auto" measures them (a micro-batch's forward+backward beside all-reduces
+    # on this group): the one cost model both simulators take.
+    contention = _measure_contention(model, micro, y[: len(micro)], args.contention_mib)
+    contended = dataclasses.replace(topo, compute_slowdown=contention["compute_slowdown"],
+                                    comm_slowdown=contention["comm_slowdown"])
+    if rank == 0:
+        print(f"contention: compute_slowdown {contended.compute_slowdown:.3f}, "
+              f"comm_slowdown {contended.comm_slowdown:.3f}", flush=True)
     rows = []
     for plan in plans:
         runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
@@ -357,6 +380,7 @@ def cmd_rank(args) -> int:
             # shared (all of them, or what the other processes left).
             leftover = dataclasses.replace(charged, host_cores=left)
             predicted = dict(offline=simulate(plan, profile, topo).makespan_ms,
+                             contention=simulate(plan, profile, contended).makespan_ms,
                              insitu=simulate(staged, insitu, topo).makespan_ms,
                              new_all_cores=simulate(plan, cpu_profile, charged).makespan_ms,
                              new=simulate(plan, cpu_profile, leftover).makespan_ms,
@@ -365,6 +389,7 @@ def cmd_rank(args) -> int:
                        insitu_stages=[vars(l) for l in insitu.layers],
                        insitu_cpu_stages=[vars(l) for l in insitu_cpu.layers],
                        transfer_cpu=vars(charged.transfer_cpu), host_cores=charged.host_cores,
+                       compute_slowdown=contended.compute_slowdown, comm_slowdown=contended.comm_slowdown,
                        others_cores=others, ours_cores=ours / seconds, cores_left=left,
                        orders={d: [str(t) for t in ts] for d, ts in plan.orders.items()})
             for k, v in predicted.items():
@@ -417,6 +442,8 @@ def main(argv=None) -> int:
                        help="also predict with transfers charging this CPU time (ms) to their endpoints")
         n.add_argument("--host-cores", type=int, default=0,
                        help="... and with the ranks sharing this many cores (0: a processor per rank)")
+        n.add_argument("--contention-mib", type=float, default=8.0,
+                       help="all-reduce size for measuring the contention factors κ and λ")
         n.add_argument("--json", default="")
         n.add_argument("--out", default="results")
         n.set_defaults(fn=fn)

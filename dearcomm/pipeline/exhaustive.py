@@ -332,9 +332,9 @@ def exhaustive_plan(profile: ModelProfile, topology: Topology, num_microbatches:
     if L > MAX_LAYERS or D > MAX_DEVICES or M > MAX_MICROBATCHES:
         raise ValueError(f"dearcomm: {where} is for at most {MAX_LAYERS} layers, {MAX_DEVICES} devices and "
                          f"{MAX_MICROBATCHES} micro-batches, got {L}, {D} and {M}")
-    if topology.transfer_cpu or topology.host_cores:
+    if topology.transfer_cpu or topology.host_cores or topology.contended:
         raise ValueError(f"dearcomm: {where} models free transfers on a processor per device; topology "
-                         f"{topology.name!r} sets transfer_cpu or host_cores")
+                         f"{topology.name!r} sets transfer_cpu, host_cores or a compute/comm slowdown")
     if start is None:
         from .planner import plan_pipeline
         start = plan_pipeline(profile, topology, M, optimizer_slots=optimizer_slots)

@@ -23,6 +23,14 @@ transfers' CPU work (gloo's threads) instead run side by side on those cores
 by processor sharing (cores.py): n busy items on C cores each progress at
 min(1, C/n). A transfer's data are then usable once they have arrived and
 its receiving work is done.
+
+If the topology is contended (Topology.compute_slowdown κ, comm_slowdown λ:
+the data-parallel simulator's measured factors), a device's task runs at
+1/κ of full speed while a transfer or all-reduce at the device is on the
+link, and a transfer at 1/λ while a device at one of its ends computes
+(cores.Contention). Transfers then end when their work does, so a transfer
+waiting for a resource starts when the resources free up, in the order the
+transfers became ready (what the fixed times' reservations give too).
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import validate
-from .cores import SharedCores
+from .cores import Contention, SharedCores
 from .plan import BACKWARD, FORWARD, Plan, Task, check_sizes, check_stages
 from .profile import ModelProfile
 from .topology import Topology
@@ -170,7 +178,10 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     idle = {d: True for d in mine}
     cpu_work: Dict[int, deque] = {d: deque() for d in mine}   # queued (ms, task fed, peer) to run first
     cpu = topo.transfer_cpu
-    cores = SharedCores(topo.host_cores) if topo.host_cores else None
+    contention = Contention(topo.compute_slowdown, topo.comm_slowdown) if topo.contended else None
+    cores = contention or (SharedCores(topo.host_cores) if topo.host_cores else None)
+    waiting_transfers: List[_Transfer] = []   # contended: ready, waiting for a resource, in ready order
+    held = set()                              # contended: resources a running transfer holds
     running: Dict = {}    # shared cores: item -> (when it started, what it is)
     version = 0           # shared cores: only the newest "cores" event is live
     cores_changed = True  # shared cores: something started or ended since the live "cores" event was set
@@ -199,6 +210,9 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
 
     def send(src: int, dst: int, nbytes: float, t: float, target: Task, kind: str) -> None:
         occupancy, latency = topo.transfer_ms(src, dst, nbytes)
+        if contention is not None and occupancy > 0:
+            queue_transfer(t, _Transfer(kind, (src, dst), topo.resources(src, dst), occupancy, latency, target))
+            return
         start = reserve(topo.resources(src, dst), t, occupancy) if occupancy > 0 else t
         if occupancy > 0:
             spans.append(Span("comm", src, kind, start, start + occupancy, target, dst))
@@ -225,6 +239,10 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
             left_in_stage[s] -= 1
             if left_in_stage[s] == 0 and costs.allreduce[s] > 0:
                 group = devices[s]
+                if contention is not None:
+                    queue_transfer(t, _Transfer("allreduce", tuple(group), topo.allreduce_resources(group),
+                                                costs.allreduce[s], 0.0, None))
+                    return
                 start = reserve(topo.allreduce_resources(group), t, costs.allreduce[s])
                 for d in group:
                     spans.append(Span("comm", d, "allreduce", start, start + costs.allreduce[s]))
@@ -233,6 +251,32 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                         ms = steps * (cpu.send_ms(chunk) + cpu.recv_ms(chunk))
                         push(start, "charge", (d, ms, None, None, False))
                 end_time = max(end_time, start + costs.allreduce[s])
+
+    def queue_transfer(t: float, transfer: "_Transfer") -> None:
+        waiting_transfers.append(transfer)
+        start_transfers(t)
+
+    def start_transfers(t: float) -> None:
+        # In ready order; one waiting for a resource keeps it from the later ones.
+        claimed = set()
+        for x in list(waiting_transfers):
+            if held.isdisjoint(x.resources) and claimed.isdisjoint(x.resources):
+                waiting_transfers.remove(x)
+                held.update(x.resources)
+                start_on_cores(t, ("transfer", next(seq)), x.occupancy_ms, x)
+            claimed.update(x.resources)
+
+    def transfer_done(start: float, t: float, x: "_Transfer") -> None:
+        nonlocal end_time
+        held.difference_update(x.resources)
+        if x.target is None:  # an all-reduce: every member's link lane
+            for d in x.ends:
+                spans.append(Span("comm", d, "allreduce", start, t))
+            end_time = max(end_time, t)
+        else:
+            spans.append(Span("comm", x.ends[0], x.kind, start, t, x.target, x.ends[1]))
+            push(t + x.latency_ms, "arrive", x.target)
+        start_transfers(t)
 
     def arrive(t: float, task: Task) -> None:
         pending[task] -= 1
@@ -281,7 +325,12 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
 
     def start_on_cores(t: float, key, ms: float, what) -> None:
         nonlocal cores_changed
-        cores.start(t, key, ms)
+        if contention is None:
+            cores.start(t, key, ms)
+        elif isinstance(what, _Transfer):
+            contention.start_transfer(t, key, ms, what.ends)
+        else:  # a task
+            contention.start_task(t, key, ms, key[1])
         running[key] = (t, what)
         cores_changed = True
 
@@ -297,6 +346,8 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
                 task, d = key
                 spans.append(Span("compute", d, task.kind, start, t, task))
                 finish(t, task, d)
+            elif isinstance(what, _Transfer):
+                transfer_done(start, t, what)
             else:
                 device, target, peer, gated = what
                 spans.append(Span("cpu", device, "cpu", start, t, target, peer))
@@ -341,7 +392,9 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
     # (3T); per stage all-reduce a "charge" per replica (G); per "charge" a
     # "cpu done" or a start on the shared cores (2T + G); a "cores" event only
     # after a start there (at most 3T + G) or a live "cores" event, each of
-    # which ends an item (3T + G). That is at most 12T + 4G + 1 events, so
+    # which ends an item (3T + G). Contended, a transfer or an all-reduce
+    # starts on the cores in place of the charges (T + G of the 2T + G items).
+    # That is at most 12T + 4G + 1 events, so
     # passing max_rounds means this accounting broke, never a long run.
     T, G = sum(len(ts) for ts in mine.values()), sum(len(g) for g in devices)
     max_rounds = 13 * T + 4 * G + 16
@@ -370,6 +423,18 @@ def _run(costs: Costs, M: int, orders: Optional[Dict[int, Sequence[Task]]],
         raise SimulationStuck(f"dearcomm: the plan deadlocks: {detail}. Each device's order must let every "
                               "micro-batch's forward reach the last stage and its backward come back")
     return SimResult(end_time, spans, {d: tuple(ts) for d, ts in ran.items()}, arrivals)
+
+
+@dataclass(frozen=True, eq=False)
+class _Transfer:
+    """A contended transfer (or all-reduce: target None) from its ready time
+    to its end: the devices at its ends (sender first), what it holds."""
+    kind: str
+    ends: Tuple[int, ...]
+    resources: Tuple
+    occupancy_ms: float
+    latency_ms: float
+    target: Optional[Task]
 
 
 def _waits(stuck: Dict[int, Task], pending: Dict[Task, int], inputs: str) -> str:

@@ -56,7 +56,13 @@ class Topology:
     host_cores: if > 0, the devices are processes on one host with this many
     cores (fractional: what other load leaves), which their tasks and their
     transfers' CPU work share (default 0: every device computes on its own
-    processor); memory_bytes: each device's memory for its stage's
+    processor); compute_slowdown (κ) and comm_slowdown (λ): the other model
+    of the same effect, as the data-parallel simulator takes it (Network's
+    fields of those names, measured by dearcomm.contention): a device
+    computes κ times slower while a transfer or all-reduce at it is on the
+    link, which runs λ times slower while a device at one of its ends
+    computes (default 1: no contention; not with transfer_cpu or host_cores,
+    which model the same CPU work); memory_bytes: each device's memory for its stage's
     parameters, gradients, optimizer state and stashed activations (memory.py;
     default (): unlimited)."""
     bandwidth: Tuple[Tuple[float, ...], ...]
@@ -65,11 +71,21 @@ class Topology:
     link_resources: Dict[Tuple[int, int], Tuple[Resource, ...]] = field(default_factory=dict, compare=False)
     transfer_cpu: TransferCpu = TransferCpu()
     host_cores: float = 0
+    compute_slowdown: float = 1.0
+    comm_slowdown: float = 1.0
     memory_bytes: Tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"topology {self.name!r}"
         validate.finite_nonnegative(self.host_cores, "host_cores", where)
+        for name in ("compute_slowdown", "comm_slowdown"):
+            value = getattr(self, name)
+            validate.finite_nonnegative(value, name, where, kind="factor")
+            if value < 1:
+                raise ValueError(f"dearcomm: {where}: {name} is a slowdown factor >= 1 (1: none), got {value!r}")
+        if self.contended and (self.transfer_cpu or self.host_cores):
+            raise ValueError(f"dearcomm: {where}: compute_slowdown/comm_slowdown and transfer_cpu/host_cores are two "
+                             "models of the transfers' CPU work; set one of them, not both")
         validate.sequence(self.memory_bytes, "memory_bytes", where)
         if self.memory_bytes and len(self.memory_bytes) != len(self.bandwidth):
             raise ValueError(f"dearcomm: topology {self.name!r}: memory_bytes must give one capacity per device "
@@ -104,6 +120,11 @@ class Topology:
         if missing:
             raise ValueError(f"dearcomm: topology {self.name!r} is disconnected: no path {missing[0][0]} -> "
                              f"{missing[0][1]} ({len(missing)} pairs without a route); connect the islands")
+
+    @property
+    def contended(self) -> bool:
+        """Compute and transfers slow each other by the measured factors."""
+        return self.compute_slowdown != 1 or self.comm_slowdown != 1
 
     @property
     def size(self) -> int:

@@ -1,0 +1,153 @@
+"""The pipeline simulator with the data-parallel simulator's contention
+factors (Topology.compute_slowdown κ, comm_slowdown λ): a device computes κ
+times slower while a transfer at it is on the link, which runs λ times slower
+while a device at one of its ends computes. One process."""
+import dataclasses
+import math
+
+import pytest
+
+from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, Plan, Task, TransferCpu, chain, exhaustive_plan,
+                               list_schedule, plan_pipeline, simulate, uniform)
+from tests.pipeline_cases import check_schedule, random_profile, topologies
+
+# 10 ms per task; 1e7 bytes cross the cut at 1 GB/s: 10 ms on the link, no latency.
+PROFILE = chain("two", [LayerProfile("a", 10.0, 10.0, 1e7, 0.0), LayerProfile("b", 10.0, 10.0, 0.0, 0.0)])
+TOPOLOGY = uniform(2, gbytes_per_s=1.0, latency_us=0.0)
+ORDERS = {0: (Task(FORWARD, 0, 0), Task(FORWARD, 0, 1), Task(BACKWARD, 0, 0), Task(BACKWARD, 0, 1)),
+          1: (Task(FORWARD, 1, 0), Task(BACKWARD, 1, 0), Task(FORWARD, 1, 1), Task(BACKWARD, 1, 1))}
+PLAN = Plan((0, 1, 2), ((0,), (1,)), ORDERS, 2)
+
+
+def _contended(topology, compute_slowdown, comm_slowdown):
+    return dataclasses.replace(topology, compute_slowdown=compute_slowdown, comm_slowdown=comm_slowdown)
+
+
+def _span(result, kind, stage, m):
+    lane = "compute" if kind in ("F", "B") else "comm"
+    kind = {"F": FORWARD, "B": BACKWARD}.get(kind, kind)
+    task_kind = kind if lane == "compute" else (FORWARD if kind == "act" else BACKWARD)
+    return next((s.start_ms, s.end_ms) for s in result.spans
+                if s.lane == lane and s.kind == kind and s.task == Task(task_kind, stage, m))
+
+
+def test_a_hand_computed_timeline():
+    # κ = 2, λ = 1.25. F(0,0) alone [0, 10].
+    topo = _contended(TOPOLOGY, 2.0, 1.25)
+    result = simulate(PLAN, PROFILE, topo)
+    check_schedule(PLAN, result, topo)
+    # [10, 22.5]: act 0 at 0.8 (device 0 computes), F(0,1) at 0.5 does 6.25 of 10;
+    # then alone: F(0,1) ends at 26.25.
+    assert _span(result, "act", 1, 0) == pytest.approx((10.0, 22.5))
+    assert _span(result, "F", 0, 1) == pytest.approx((10.0, 26.25))
+    # F(1,0) starts on arrival (22.5) and does 3.75 alone until act 1 starts at
+    # 26.25; then both are contended: act 1 needs 12.5 ms, F(1,0)'s last 6.25
+    # take 12.5 too: both end at 38.75.
+    assert _span(result, "act", 1, 1) == pytest.approx((26.25, 38.75))
+    assert _span(result, "F", 1, 0) == pytest.approx((22.5, 38.75))
+    # B(1,0) alone [38.75, 48.75]; then grad 0 beside F(1,1): grad ends 61.25,
+    # F(1,1) did 6.25, its last 3.75 alone: ends 65.
+    assert _span(result, "B", 1, 0) == pytest.approx((38.75, 48.75))
+    assert _span(result, "grad", 0, 0) == pytest.approx((48.75, 61.25))
+    assert _span(result, "F", 1, 1) == pytest.approx((48.75, 65.0))
+    # B(0,0) [61.25, 71.25] and B(1,1) [65, 75] with no transfer; grad 1 alone [75, 85]; B(0,1) [85, 95].
+    assert _span(result, "B", 0, 0) == pytest.approx((61.25, 71.25))
+    assert _span(result, "grad", 0, 1) == pytest.approx((75.0, 85.0))
+    assert result.makespan_ms == pytest.approx(95.0)
+    # Without contention: every task 10 ms, every transfer 10 ms.
+    assert simulate(PLAN, PROFILE, TOPOLOGY).makespan_ms == pytest.approx(80.0)
+
+
+def test_each_factor_alone():
+    # κ only: the transfers keep their 10 ms, the tasks beside them slow down.
+    kappa = simulate(PLAN, PROFILE, _contended(TOPOLOGY, 2.0, 1.0))
+    assert _span(kappa, "act", 1, 0) == pytest.approx((10.0, 20.0))
+    assert _span(kappa, "F", 0, 1) == pytest.approx((10.0, 25.0))  # 5 of 10 beside the transfer, 5 alone
+    # λ only: the tasks keep their 10 ms, the transfers run at 0.8 beside them.
+    lam = simulate(PLAN, PROFILE, _contended(TOPOLOGY, 1.0, 1.25))
+    assert _span(lam, "F", 0, 1) == pytest.approx((10.0, 20.0))
+    assert _span(lam, "act", 1, 0) == pytest.approx((10.0, 22.0))  # 8 of 10 beside F(0,1), 2 alone at full speed
+
+
+def test_nothing_side_by_side_nothing_slower():
+    # One micro-batch: every transfer runs while both devices wait.
+    plan = Plan((0, 1, 2), ((0,), (1,)), {0: (Task(FORWARD, 0, 0), Task(BACKWARD, 0, 0)),
+                                          1: (Task(FORWARD, 1, 0), Task(BACKWARD, 1, 0))}, 1)
+    free = simulate(plan, PROFILE, TOPOLOGY).makespan_ms
+    assert free == pytest.approx(60.0)
+    assert simulate(plan, PROFILE, _contended(TOPOLOGY, 3.0, 3.0)).makespan_ms == pytest.approx(free)
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_factors_of_one_give_the_fixed_times_results(devices):
+    # κ a hair above 1 runs the contended event loop (transfers queued for their
+    # resources and ended by their work) and must reproduce the reservations of
+    # fixed times on shared links and NICs, replicated stages included.
+    for seed in range(5):
+        profile = random_profile(6, seed)
+        for topo in topologies(devices):
+            plan = plan_pipeline(profile, topo, 4)
+            hair = _contended(topo, 1.0 + 1e-13, 1.0)
+            result = simulate(plan, profile, hair)
+            check_schedule(plan, result, hair)
+            assert result.makespan_ms == pytest.approx(simulate(plan, profile, topo).makespan_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_contended_schedules_are_valid_and_replay(devices):
+    for seed in range(4):
+        profile = random_profile(6, seed)
+        for topo in topologies(devices):
+            topo = _contended(topo, 1.7, 1.3)
+            plan = plan_pipeline(profile, topo, 4)
+            result = simulate(plan, profile, topo)
+            check_schedule(plan, result, topo)
+            listed = list_schedule(profile, topo, plan.bounds, plan.devices, 4)
+            replay = simulate(plan.with_orders(listed.orders), profile, topo)
+            assert replay.makespan_ms == pytest.approx(listed.makespan_ms)
+
+
+def test_a_replicated_stages_all_reduce_runs_when_its_members_are_idle():
+    # Stage 0 on devices 0 and 1 (a micro-batch each), stage 1 on device 2: the
+    # all-reduce (2 steps of 1e7 bytes at 1 GB/s: 20 ms) starts when both
+    # backwards of stage 0 end, with nothing left to compute at its ends, so
+    # it runs at full speed; device 2's tasks still slow beside the activations.
+    profile = chain("rep", [LayerProfile("a", 10.0, 10.0, 1e7, 2e7), LayerProfile("b", 10.0, 10.0, 0.0, 0.0)])
+    topo = _contended(uniform(3, gbytes_per_s=1.0, latency_us=0.0), 2.0, 1.0)
+    orders = {0: (Task(FORWARD, 0, 0), Task(BACKWARD, 0, 0)), 1: (Task(FORWARD, 0, 1), Task(BACKWARD, 0, 1)),
+              2: (Task(FORWARD, 1, 0), Task(BACKWARD, 1, 0), Task(FORWARD, 1, 1), Task(BACKWARD, 1, 1))}
+    plan = Plan((0, 1, 2), ((0, 1), (2,)), orders, 2)
+    result = simulate(plan, profile, topo)
+    check_schedule(plan, result, topo)
+    # F(0,*) [0, 10]; both activations on the shared uniform links [10, 20]; F(1,0) [20, 30],
+    # B(1,0) [30, 40]; grad 0 [40, 50] beside F(1,1) on device 2, which does 5 of 10 by 50,
+    # ends at 55; B(0,0) [50, 60]; B(1,1) [55, 65]; grad 1 [65, 75]; B(0,1) [75, 85];
+    # the all-reduce [85, 105].
+    assert _span(result, "F", 1, 1) == pytest.approx((40.0, 55.0))
+    reduces = sorted((s.device, s.start_ms, s.end_ms) for s in result.spans if s.kind == "allreduce")
+    assert reduces == [(0, pytest.approx(85.0), pytest.approx(105.0)), (1, pytest.approx(85.0), pytest.approx(105.0))]
+    assert result.makespan_ms == pytest.approx(105.0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("compute_slowdown", 0.5, "compute_slowdown is a slowdown factor >= 1"),
+    ("comm_slowdown", 0.0, "comm_slowdown is a slowdown factor >= 1"),
+    ("compute_slowdown", math.nan, "compute_slowdown"),
+    ("comm_slowdown", math.inf, "comm_slowdown"),
+    ("comm_slowdown", "2", "comm_slowdown"),
+])
+def test_bad_factors_are_refused(field, value, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        dataclasses.replace(TOPOLOGY, **{field: value})
+
+
+def test_the_two_cpu_models_are_not_combined():
+    with pytest.raises(ValueError, match="two models of the transfers' CPU work"):
+        dataclasses.replace(TOPOLOGY, compute_slowdown=1.5, host_cores=2)
+    with pytest.raises(ValueError, match="two models of the transfers' CPU work"):
+        dataclasses.replace(TOPOLOGY, comm_slowdown=1.5, transfer_cpu=TransferCpu(send_ms_per_mib=1.0))
+
+
+def test_the_exhaustive_search_refuses_contention():
+    with pytest.raises(ValueError, match="compute/comm slowdown"):
+        exhaustive_plan(PROFILE, _contended(TOPOLOGY, 1.5, 1.0), 2)
