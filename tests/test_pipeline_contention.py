@@ -8,8 +8,9 @@ import math
 import pytest
 
 from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, Plan, Task, TransferCpu, chain, exhaustive_plan,
-                               list_schedule, plan_pipeline, simulate, uniform)
-from tests.pipeline_cases import check_schedule, random_profile, topologies
+                               gpipe_plan, list_schedule, one_f_one_b_plan, plan_pipeline, simulate, uniform)
+from dearcomm.pipeline.cores import Contention
+from tests.pipeline_cases import asymmetric_topology, check_schedule, random_profile, topologies
 
 # 10 ms per task; 1e7 bytes cross the cut at 1 GB/s: 10 ms on the link, no latency.
 PROFILE = chain("two", [LayerProfile("a", 10.0, 10.0, 1e7, 0.0), LayerProfile("b", 10.0, 10.0, 0.0, 0.0)])
@@ -78,11 +79,28 @@ def test_nothing_side_by_side_nothing_slower():
     assert simulate(plan, PROFILE, _contended(TOPOLOGY, 3.0, 3.0)).makespan_ms == pytest.approx(free)
 
 
+def _spans(result):
+    return sorted((s.lane, s.kind, s.device, str(s.task), round(s.start_ms, 6), round(s.end_ms, 6))
+                  for s in result.spans)
+
+
+@pytest.mark.parametrize("devices", [3, 4])
+def test_factors_of_one_give_the_fixed_times_timelines(devices):
+    # κ a hair above 1 runs the contended event loop (transfers queued for their
+    # resources in ready order and ended by their work); every span must be the
+    # one the fixed times' reservations give, on shared links and NICs too.
+    for seed in range(10):
+        profile = random_profile(6, seed)
+        for topo in topologies(devices) + [asymmetric_topology(devices, seed)]:
+            hair = _contended(topo, 1.0 + 1e-13, 1.0)
+            for plan in (one_f_one_b_plan(profile, topo, 4), gpipe_plan(profile, topo, 4)):
+                assert _spans(simulate(plan, profile, hair)) == _spans(simulate(plan, profile, topo)), \
+                    (seed, topo.name, plan.name)
+
+
 @pytest.mark.parametrize("devices", [2, 3, 4])
 def test_factors_of_one_give_the_fixed_times_results(devices):
-    # κ a hair above 1 runs the contended event loop (transfers queued for their
-    # resources and ended by their work) and must reproduce the reservations of
-    # fixed times on shared links and NICs, replicated stages included.
+    # The same for the planner's plans (replicated stages, their all-reduces).
     for seed in range(5):
         profile = random_profile(6, seed)
         for topo in topologies(devices):
@@ -107,26 +125,41 @@ def test_contended_schedules_are_valid_and_replay(devices):
             assert replay.makespan_ms == pytest.approx(listed.makespan_ms)
 
 
-def test_a_replicated_stages_all_reduce_runs_when_its_members_are_idle():
-    # Stage 0 on devices 0 and 1 (a micro-batch each), stage 1 on device 2: the
-    # all-reduce (2 steps of 1e7 bytes at 1 GB/s: 20 ms) starts when both
-    # backwards of stage 0 end, with nothing left to compute at its ends, so
-    # it runs at full speed; device 2's tasks still slow beside the activations.
-    profile = chain("rep", [LayerProfile("a", 10.0, 10.0, 1e7, 2e7), LayerProfile("b", 10.0, 10.0, 0.0, 0.0)])
+def test_only_the_devices_at_a_transfers_ends_slow_down():
+    speeds = Contention(2.0, 4.0)
+    speeds.start_task(0.0, "task on 2", 10.0, device=2)
+    speeds.start_transfer(0.0, "0 -> 1", 10.0, devices=(0, 1))
+    assert speeds.speeds() == {"task on 2": 1.0, "0 -> 1": 1.0}
+    speeds.start_transfer(1.0, "1 -> 2", 10.0, devices=(1, 2))
+    assert speeds.speeds() == {"task on 2": 0.5, "0 -> 1": 1.0, "1 -> 2": 0.25}
+    assert speeds.next_end() == pytest.approx(10.0)  # 0 -> 1: 1 ms done, 9 left at full speed
+    assert speeds.finished(10.0, due=True) == ["0 -> 1"]
+    assert speeds.left == pytest.approx({"task on 2": 10.0 - 1.0 - 4.5, "1 -> 2": 10.0 - 2.25})
+
+
+def test_a_replicated_stage_and_a_bystander():
+    # Stage 0 on devices 0 and 1 (a micro-batch each, 30 ms backward), stage 1
+    # on device 2. Device 0's backward runs while the gradient 2 -> 1 is on the
+    # link, which is not at device 0: full speed. The all-reduce (2 steps of
+    # 1e7 bytes at 1 GB/s: 20 ms) starts when both backwards of stage 0 end,
+    # with nothing left to compute at its ends: full speed too.
+    profile = chain("rep", [LayerProfile("a", 10.0, 30.0, 1e7, 2e7), LayerProfile("b", 10.0, 10.0, 0.0, 0.0)])
     topo = _contended(uniform(3, gbytes_per_s=1.0, latency_us=0.0), 2.0, 1.0)
     orders = {0: (Task(FORWARD, 0, 0), Task(BACKWARD, 0, 0)), 1: (Task(FORWARD, 0, 1), Task(BACKWARD, 0, 1)),
               2: (Task(FORWARD, 1, 0), Task(BACKWARD, 1, 0), Task(FORWARD, 1, 1), Task(BACKWARD, 1, 1))}
     plan = Plan((0, 1, 2), ((0, 1), (2,)), orders, 2)
     result = simulate(plan, profile, topo)
     check_schedule(plan, result, topo)
-    # F(0,*) [0, 10]; both activations on the shared uniform links [10, 20]; F(1,0) [20, 30],
-    # B(1,0) [30, 40]; grad 0 [40, 50] beside F(1,1) on device 2, which does 5 of 10 by 50,
-    # ends at 55; B(0,0) [50, 60]; B(1,1) [55, 65]; grad 1 [65, 75]; B(0,1) [75, 85];
-    # the all-reduce [85, 105].
+    # F(0,*) [0, 10]; both activations on their own links [10, 20]; F(1,0) [20, 30],
+    # B(1,0) [30, 40]; grad 0 [40, 50] beside F(1,1) on device 2, which does 5 of 10
+    # by 50 and ends at 55; B(0,0) [50, 80]; B(1,1) [55, 65]; grad 1 (2 -> 1) [65, 75]
+    # beside B(0,0); B(0,1) [75, 105]; the all-reduce [105, 125].
     assert _span(result, "F", 1, 1) == pytest.approx((40.0, 55.0))
+    assert _span(result, "grad", 0, 1) == pytest.approx((65.0, 75.0))
+    assert _span(result, "B", 0, 0) == pytest.approx((50.0, 80.0))
     reduces = sorted((s.device, s.start_ms, s.end_ms) for s in result.spans if s.kind == "allreduce")
-    assert reduces == [(0, pytest.approx(85.0), pytest.approx(105.0)), (1, pytest.approx(85.0), pytest.approx(105.0))]
-    assert result.makespan_ms == pytest.approx(105.0)
+    assert reduces == [(0, pytest.approx(105.0), pytest.approx(125.0)), (1, pytest.approx(105.0), pytest.approx(125.0))]
+    assert result.makespan_ms == pytest.approx(125.0)
 
 
 @pytest.mark.parametrize("field,value,message", [
