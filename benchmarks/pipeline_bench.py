@@ -297,8 +297,8 @@ def cmd_rank(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     rates = [_rate_bytes(r) * args.efficiency for r in args.rates.split(",")]
     topo = switched(rates, latency_us=args.latency_us, name="netlab")
-    # Plans come from the free-transfer model (the planner's default); the
-    # calibrated model, if given, only predicts.
+    # Plans come from the free-transfer model (the planner's default) and from
+    # the measured contention factors; the transfer-CPU model, if given, only predicts.
     charged = dataclasses.replace(topo, transfer_cpu=_transfer_cpu(args.transfer_cpu, TransferCpu),
                                   host_cores=args.host_cores)
     model = _netlab_model(args.width, args.blocks)
@@ -306,23 +306,25 @@ def cmd_rank(args) -> int:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(args.batch, args.width, generator=g), torch.randint(0, 10, (args.batch,), generator=g)
     micro = x[: args.batch // M]
-    box = [None, None, None]
-    if rank == 0:  # the offline profile: one process (the others wait), wall time and CPU time
-        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
-        cpu_profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy,
-                                         name="netlab-mlp-cpu", clock=time.thread_time)
-        box = [profile, [plan_pipeline(profile, topo, M), one_f_one_b_plan(profile, topo, M)], cpu_profile]
-    dist.broadcast_object_list(box, src=0)
-    profile, plans, cpu_profile = box
     # The data-parallel simulator's contention factors, measured here as wrap()'s
     # "auto" measures them (a micro-batch's forward+backward beside all-reduces
     # on this group): the one cost model both simulators take.
     contention = _measure_contention(model, micro, y[: len(micro)], args.contention_mib)
     contended = dataclasses.replace(topo, compute_slowdown=contention["compute_slowdown"],
                                     comm_slowdown=contention["comm_slowdown"])
-    if rank == 0:
+    box = [None, None, None]
+    if rank == 0:  # the offline profile: one process (the others wait), wall time and CPU time
         print(f"contention: compute_slowdown {contended.compute_slowdown:.3f}, "
               f"comm_slowdown {contended.comm_slowdown:.3f}", flush=True)
+        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="netlab-mlp")
+        cpu_profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy,
+                                         name="netlab-mlp-cpu", clock=time.thread_time)
+        # The planner with free transfers (its default) and with the measured factors.
+        planned = plan_pipeline(profile, topo, M)
+        aware = dataclasses.replace(plan_pipeline(profile, contended, M), name="planner-kl")
+        box = [profile, [planned, aware, one_f_one_b_plan(profile, topo, M)], cpu_profile]
+    dist.broadcast_object_list(box, src=0)
+    profile, plans, cpu_profile = box
     rows = []
     for plan in plans:
         runtime = PipelineRuntime(_netlab_model(args.width, args.blocks), plan, nn.functional.cross_entropy,
