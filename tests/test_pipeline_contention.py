@@ -4,11 +4,13 @@ times slower while a transfer at it is on the link, which runs λ times slower
 while a device at one of its ends computes. One process."""
 import dataclasses
 import math
+import random
 
 import pytest
 
 from dearcomm.pipeline import (BACKWARD, FORWARD, LayerProfile, Plan, Task, TransferCpu, chain, exhaustive_plan,
-                               gpipe_plan, list_schedule, one_f_one_b_plan, plan_pipeline, simulate, uniform)
+                               gpipe_plan, list_schedule, one_f_one_b_plan, plan_pipeline, servers, simulate,
+                               switched, uniform)
 from dearcomm.pipeline.cores import Contention
 from tests.pipeline_cases import asymmetric_topology, check_schedule, random_profile, topologies
 
@@ -98,6 +100,28 @@ def test_factors_of_one_give_the_fixed_times_timelines(devices):
                     (seed, topo.name, plan.name)
 
 
+def _integer_profile(layers: int, seed: int):
+    # Whole-ms costs and 1e6-byte cuts on 1 GB/s links: many events at the same instant.
+    rng = random.Random(seed)
+    return chain(f"int{seed}", [LayerProfile(f"l{i}", rng.randint(1, 4), rng.randint(1, 6),
+                                             rng.choice([1e6, 2e6, 3e6]), rng.choice([0.0, 2e6]))
+                                for i in range(layers)])
+
+
+@pytest.mark.parametrize("devices", [3, 4])
+def test_factors_of_one_give_the_fixed_times_timelines_with_ties(devices):
+    for seed in range(6):
+        profile = _integer_profile(6, seed)
+        for topo in (uniform(devices, gbytes_per_s=1.0, latency_us=0.0),
+                     switched([1e9] * devices, latency_us=0.0), servers(devices, 2, True, intra_gbps=1, nvlink_gbps=2, nic_gbps=1,
+                                                                  intra_latency_us=0, nic_latency_us=0)):
+            hair = _contended(topo, 1.0 + 1e-13, 1.0)
+            for plan in (one_f_one_b_plan(profile, topo, 5), gpipe_plan(profile, topo, 5),
+                         plan_pipeline(profile, topo, 5)):
+                assert _spans(simulate(plan, profile, hair)) == _spans(simulate(plan, profile, topo)), \
+                    (seed, topo.name, plan.name)
+
+
 @pytest.mark.parametrize("devices", [2, 3, 4])
 def test_factors_of_one_give_the_fixed_times_results(devices):
     # The same for the planner's plans (replicated stages, their all-reduces).
@@ -137,6 +161,19 @@ def test_only_the_devices_at_a_transfers_ends_slow_down():
     assert speeds.left == pytest.approx({"task on 2": 10.0 - 1.0 - 4.5, "1 -> 2": 10.0 - 2.25})
 
 
+def test_an_item_is_done_when_its_time_left_is_negligible_not_its_work():
+    # A transfer slowed a billion times with 1e-8 ms of work left still has
+    # 10 ms to run: it must not end with the bystander task that ends first.
+    speeds = Contention(1.0, 1e9)
+    speeds.start_transfer(0.0, "x", 10.0, devices=(0, 1))
+    speeds.start_task(10.0 - 1e-8, "beside x", 100.0, device=0)
+    speeds.start_task(10.0 - 1e-8, "bystander", 2.0, device=2)
+    end = speeds.next_end()
+    assert end == pytest.approx(12.0)
+    assert speeds.finished(end, due=True) == ["bystander"]
+    assert speeds.next_end() == pytest.approx(20.0)
+
+
 def test_a_replicated_stage_and_a_bystander():
     # Stage 0 on devices 0 and 1 (a micro-batch each, 30 ms backward), stage 1
     # on device 2. Device 0's backward runs while the gradient 2 -> 1 is on the
@@ -162,15 +199,13 @@ def test_a_replicated_stage_and_a_bystander():
     assert result.makespan_ms == pytest.approx(125.0)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("compute_slowdown", 0.5, "compute_slowdown is a slowdown factor >= 1"),
-    ("comm_slowdown", 0.0, "comm_slowdown is a slowdown factor >= 1"),
-    ("compute_slowdown", math.nan, "compute_slowdown"),
-    ("comm_slowdown", math.inf, "comm_slowdown"),
-    ("comm_slowdown", "2", "comm_slowdown"),
+@pytest.mark.parametrize("field,value,error", [
+    ("compute_slowdown", 0.5, ValueError), ("comm_slowdown", 0.0, ValueError), ("comm_slowdown", -1, ValueError),
+    ("compute_slowdown", math.nan, ValueError), ("comm_slowdown", math.inf, ValueError),
+    ("comm_slowdown", "2", TypeError), ("compute_slowdown", True, TypeError),
 ])
-def test_bad_factors_are_refused(field, value, message):
-    with pytest.raises((ValueError, TypeError), match=message):
+def test_bad_factors_are_refused(field, value, error):
+    with pytest.raises(error, match=rf"{field} must be a finite factor >= 1 \(1: not slowed\), got {value!r}"):
         dataclasses.replace(TOPOLOGY, **{field: value})
 
 

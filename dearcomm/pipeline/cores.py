@@ -9,9 +9,11 @@ of full speed.
 
 Contention: the data-parallel simulator's measured factors (Network's
 compute_slowdown κ and comm_slowdown λ, fitted by dearcomm.contention):
-while a transfer or an all-reduce with a device at one of its ends is on the
-link, the device's task progresses at 1/κ of full speed; while a device at
-one of its ends computes, the transfer progresses at 1/λ.
+while a transfer with a device at one of its ends is on the link, the
+device's task progresses at 1/κ of full speed; while a device at one of its
+ends computes, the transfer progresses at 1/λ. (An all-reduce is an item
+with its members as ends; in a pipeline it runs when they have nothing left
+to compute.)
 
 Work is in ms at full speed."""
 from __future__ import annotations
@@ -51,9 +53,9 @@ class _Progress:
         item with the least time left ends even if rounding left it a sliver
         (waiting for that sliver could repeat at the same t forever)."""
         self.advance(t)
-        done = [k for k, v in self.left.items() if v <= 1e-9 * max(1.0, t)]
+        speeds = self.speeds()  # done: the time left at the current speed is negligible
+        done = [k for k, v in self.left.items() if v / speeds[k] <= 1e-9 * max(1.0, t)]
         if due and not done and self.left:
-            speeds = self.speeds()
             done = [min(self.left, key=lambda k: self.left[k] / speeds[k])]
         for key in done:
             self._forget(key)

@@ -26,9 +26,11 @@ its receiving work is done.
 
 If the topology is contended (Topology.compute_slowdown κ, comm_slowdown λ:
 the data-parallel simulator's measured factors), a device's task runs at
-1/κ of full speed while a transfer or all-reduce at the device is on the
-link, and a transfer at 1/λ while a device at one of its ends computes
-(cores.Contention). Transfers then end when their work does, so a transfer
+1/κ of full speed while a transfer at the device is on the link, and a
+transfer at 1/λ while a device at one of its ends computes
+(cores.Contention; an all-reduce runs when its devices have nothing left to
+compute, so neither factor changes it, though on a shared host it would
+still take cores from other stages). Transfers then end when their work does, so a transfer
 waiting for a resource starts when the resources free up, in the order the
 transfers became ready (what the fixed times' reservations give too).
 """

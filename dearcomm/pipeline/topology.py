@@ -59,10 +59,12 @@ class Topology:
     processor); compute_slowdown (κ) and comm_slowdown (λ): the other model
     of the same effect, as the data-parallel simulator takes it (Network's
     fields of those names, measured by dearcomm.contention): a device
-    computes κ times slower while a transfer or all-reduce at it is on the
-    link, which runs λ times slower while a device at one of its ends
-    computes (default 1: no contention; not with transfer_cpu or host_cores,
-    which model the same CPU work); memory_bytes: each device's memory for its stage's
+    computes κ times slower while a transfer at it is on the link, which
+    runs λ times slower while a device at one of its ends computes (an
+    all-reduce runs after its stage's last backward, when its devices have
+    nothing left to compute, so neither factor changes it) (default 1: no
+    contention; not with transfer_cpu or host_cores, which model the same
+    CPU work); memory_bytes: each device's memory for its stage's
     parameters, gradients, optimizer state and stashed activations (memory.py;
     default (): unlimited)."""
     bandwidth: Tuple[Tuple[float, ...], ...]
@@ -79,13 +81,7 @@ class Topology:
         where = f"topology {self.name!r}"
         validate.finite_nonnegative(self.host_cores, "host_cores", where)
         for name in ("compute_slowdown", "comm_slowdown"):
-            value = getattr(self, name)
-            validate.finite_nonnegative(value, name, where, kind="factor")
-            if value < 1:
-                raise ValueError(f"dearcomm: {where}: {name} is a slowdown factor >= 1 (1: none), got {value!r}")
-        if self.contended and (self.transfer_cpu or self.host_cores):
-            raise ValueError(f"dearcomm: {where}: compute_slowdown/comm_slowdown and transfer_cpu/host_cores are two "
-                             "models of the transfers' CPU work; set one of them, not both")
+            validate.slowdown_factor(getattr(self, name), name, where)
         validate.sequence(self.memory_bytes, "memory_bytes", where)
         if self.memory_bytes and len(self.memory_bytes) != len(self.bandwidth):
             raise ValueError(f"dearcomm: topology {self.name!r}: memory_bytes must give one capacity per device "
@@ -93,6 +89,9 @@ class Topology:
         for i, cap in enumerate(self.memory_bytes):
             validate.finite_positive(cap, f"memory_bytes[{i}]", where, kind="memory")
         validate.instance(self.transfer_cpu, TransferCpu, "transfer_cpu", where)
+        if self.contended and (self.transfer_cpu or self.host_cores):
+            raise ValueError(f"dearcomm: {where}: compute_slowdown/comm_slowdown and transfer_cpu/host_cores are two "
+                             "models of the transfers' CPU work; set one of them, not both")
         validate.instance(self.link_resources, Mapping, "link_resources", where)
         validate.sequence(self.bandwidth, "bandwidth", where)
         n = len(self.bandwidth)

@@ -58,6 +58,12 @@ def finite_nonnegative(value: Any, field: str, where: str, kind: Optional[str] =
         _fail(value, field, where, ">= 0 and finite" + note, kind, integer=False)
 
 
+def slowdown_factor(value: Any, field: str, where: str) -> None:
+    """How many times longer something takes: any finite number >= 1 (1: not slowed)."""
+    if not (_is_real(value) and math.isfinite(value) and value >= 1):
+        _fail(value, field, where, "a finite factor >= 1 (1: not slowed)", None, integer=False)
+
+
 def finite_sum(values: Sequence[float], what: str, where: str) -> None:
     """Finite values whose total must be finite too (floats overflow near 1.8e308)."""
     total = sum(values)
