@@ -72,6 +72,18 @@ def test_each_factor_alone():
     assert _span(lam, "act", 1, 0) == pytest.approx((10.0, 22.0))  # 8 of 10 beside F(0,1), 2 alone at full speed
 
 
+def test_the_planner_plans_with_the_factors():
+    # Two stages beat one device with free transfers (210 against 240 ms); the
+    # activations' 30 ms beside the compute make them lose with κ = 2, λ = 1.5.
+    profile = chain("t", [LayerProfile("a", 10.0, 20.0, 3e7, 1e9), LayerProfile("b", 10.0, 20.0, 0.0, 1e9)])
+    free = plan_pipeline(profile, TOPOLOGY, 4)
+    assert free.devices == ((0,), (1,)) and free.predicted_ms == pytest.approx(210.0)
+    topo = _contended(TOPOLOGY, 2.0, 1.5)
+    aware = plan_pipeline(profile, topo, 4)
+    assert aware.bounds == (0, 2) and aware.predicted_ms == pytest.approx(240.0)
+    assert simulate(free, profile, topo).makespan_ms > 240.0
+
+
 def test_nothing_side_by_side_nothing_slower():
     # One micro-batch: every transfer runs while both devices wait.
     plan = Plan((0, 1, 2), ((0,), (1,)), {0: (Task(FORWARD, 0, 0), Task(BACKWARD, 0, 0)),
