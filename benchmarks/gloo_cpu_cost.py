@@ -1,6 +1,6 @@
 """CPU time that a gloo point-to-point transfer costs its two processes, and
 how much a compute loop slows down while a transfer runs beside it. The
-pipeline simulator's transfer CPU model (Topology.send_cpu / recv_cpu) is
+pipeline simulator's transfer CPU model (Topology.transfer_cpu, a TransferCpu) is
 calibrated from the fitted lines this prints.
 
     python benchmarks/gloo_cpu_cost.py                          # 2 ranks over loopback

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark of docs/benchmarks.md, into results/ (tables .txt, numbers
 # .json, timelines .png/.json). The emulated-network runs need root.
-#   bash benchmarks/run_all.sh            # ~30 min on 2 cores
+#   bash benchmarks/run_all.sh            # ~40 min on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results
@@ -26,3 +26,14 @@ run train-mlp-10gbit-2 $py benchmarks/netlab.py --ranks 2 --rate 10gbit -- bench
 # Every schedule (with partitions and bytescheduler credits) side by side, 1 Gbit/s, 2 and 4 ranks.
 bash benchmarks/run_schedules.sh $out/schedules
 run soak .venv/bin/torchrun --nproc_per_node=2 benchmarks/soak.py --steps 1000 --json $out/soak.json
+# Simulated: every schedule at 8-128 ranks; the pipeline planner against its baselines and the
+# exhaustive optimum. Measured: the pipeline runtime under netlab against the simulator's models
+# (contention factors measured in each run; the transfer-CPU model with docs/benchmarks.md's calibration).
+run at-scale $py benchmarks/at_scale.py --out $out/at-scale
+run pipeline-plans $py benchmarks/pipeline_bench.py plans --quick --out $out/pipeline
+run pipeline-optimality $py benchmarks/pipeline_bench.py optimality --out $out/pipeline
+for rates in 1gbit,1gbit,500mbit 200mbit,200mbit,100mbit; do
+  cpu=$([ $rates = 1gbit,1gbit,500mbit ] && echo 0.000,8.024,0.215,6.781 || echo 1.206,4.284,6.478,9.473)
+  run pipeline-netlab-$rates $py benchmarks/pipeline_bench.py netlab --rates $rates --blocks 6 --steps 12 \
+    --transfer-cpu $cpu --host-cores 2 --out $out/pipeline
+done
