@@ -216,19 +216,13 @@ def _netlab_model(width: int, blocks: int):
 
 
 def _measure_contention(model, x, y, mib: float) -> dict:
-    """dearcomm.contention.measure_contention on one micro-batch's
+    """benchmarks/contention.py's measurement on one micro-batch's
     forward+backward (every rank together). A fit that finds no iteration
     covered enough (it raises after the collectives, so every rank got that
     far) counts as no contention, as wrap()'s "auto" takes it."""
-    from torch import nn
-
-    from dearcomm.contention import measure_contention
-
-    def compute() -> None:
-        nn.functional.cross_entropy(model(x), y).backward()
-        model.zero_grad(set_to_none=True)
+    from contention import measure
     try:
-        return measure_contention(compute, nbytes=int(mib * 2**20), iters=8)
+        return measure(model, x, y, mib, iters=8)
     except ValueError as e:
         print(f"contention not measured ({e}); factors of 1", flush=True)
         return dict(compute_slowdown=1.0, comm_slowdown=1.0)

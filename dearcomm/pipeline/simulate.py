@@ -30,9 +30,10 @@ the data-parallel simulator's measured factors), a device's task runs at
 transfer at 1/λ while a device at one of its ends computes
 (cores.Contention; an all-reduce runs when its devices have nothing left to
 compute, so neither factor changes it, though on a shared host it would
-still take cores from other stages). Transfers then end when their work does, so a transfer
-waiting for a resource starts when the resources free up, in the order the
-transfers became ready (what the fixed times' reservations give too).
+still take cores from other stages). Transfers then end when their work
+does, so a transfer waiting for a resource starts when the resources free
+up, in the order the transfers became ready (what the fixed times'
+reservations give too).
 """
 from __future__ import annotations
 
