@@ -9,8 +9,11 @@ compute slowed by the factor measured beside an all-reduce).
 --resimulate predicts every run again with this checkout's simulator from the
 measurements the file holds (rank 0's profile, each layout's collectives
 alone, both contention factors: compute beside collectives and collectives
-beside compute), instead of reading the prediction the run made: a change of
-the model is then checked against measurements already taken.
+beside compute; usbyte's and deft's plans where the file has them), instead
+of reading the prediction the run made: a change of the model is then
+checked against measurements already taken. Files written before the plans
+were stored replay usbyte and deft without them (their errors are then not
+the model's).
 
 Per row: the prediction error of every dearcomm run (median of |error| and
 the worst); the run the simulator ranks fastest among the runs measured, deft's
@@ -48,12 +51,14 @@ def resimulate(data) -> None:
     comm_slowdown = fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
+    names = [p.name for m in profile.modules for p in m.params]
     for name, run in data["runs"].items():
         if "skipped" in run or name not in layouts:
             continue
         comm = {k: (v / 1e3 if k in ("rs", "ag", "ar") else v) for k, v in layouts[name].items()}
         seconds = simulated(name, args, profile, profile.step_ms, comm, data["world_size"],
-                            contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown)
+                            contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown,
+                            planned=run.get("planned"), names=names)
         run["predicted_ms"] = seconds * 1e3
     contention["comm_slowdown"] = comm_slowdown
 

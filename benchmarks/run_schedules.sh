@@ -5,6 +5,12 @@
 # the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
 # "Schedules side by side at 1 Gbit/s".
 #   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
+#   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~1 h): see below
+# Each run is timed over ROUNDS (default 2) rounds of ITERS (3) iterations,
+# interleaved with the row's other runs. Over 2 rounds the same schedule in two
+# runs of a row (ddp, wfbp) measured up to 12% apart, over 8 within 1.7% on 8
+# of 9 rows: check predictions against 8 (docs/benchmarks.md, "Predicted
+# against measured").
 #   ONLY="mlp-1gbit-4a overhead" bash benchmarks/run_schedules.sh     # some of them
 #   ONLY="mlp-1gbit-2 widein-1gbit-2" ROUNDS=6 ITERS=2 SUFFIX=-rep2 NO_TIMELINE=1 bash ...  # a repeat, more rounds
 #   GLIBC_MALLOC=default bash ...     # keep glibc's own trimming (see below)

@@ -714,6 +714,9 @@ def main():
                           comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
                           delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
+        if planned and any(planned.values()):  # usbyte's blocks and order, deft's delays: --resimulate replays them
+            rows[name]["planned"] = {k: {n: list(v) if isinstance(v, (tuple, list)) else v for n, v in d.items()}
+                                     for k, d in planned.items()}
         if name in tuned:
             rows[name].update(bo_bucket_mb=tuned[name].bucket_mb, bo_trials=tuned[name].trials,
                               bo_tuning_s=tuned[name].seconds)
