@@ -327,7 +327,7 @@ def measure_collectives(args, layout, model):
         cpu = []
         # At least 5 (the median of 2 is their mean): one layout's all-reduce
         # read 264 ms against 211 and 215 for the same bytes in two others,
-        # and its runs' predictions 17% slow with it.
+        # and its run's prediction 17% too long with it.
         out[kind] = slowest(median_time(lambda: run(kind), max(5, args.iters), cpu))
         out[f"cpu_{kind}"] = slowest(cpu[0])
     out["buckets"] = len(layout.buckets)
@@ -718,8 +718,7 @@ def main():
                           delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
         if planned and any(planned.values()):  # usbyte's blocks and order, deft's delays: --resimulate replays them
-            rows[name]["planned"] = {k: {n: list(v) if isinstance(v, (tuple, list)) else v for n, v in d.items()}
-                                     for k, d in planned.items()}
+            rows[name]["planned"] = planned  # plain dicts by parameter name; json writes the tuples as lists
         if name in tuned:
             rows[name].update(bo_bucket_mb=tuned[name].bucket_mb, bo_trials=tuned[name].trials,
                               bo_tuning_s=tuned[name].seconds)
