@@ -36,7 +36,8 @@ module's parameters (benchmarks/README.md derives what bytescheduler's ideal the
 simulated device gives it, and any schedule's, without a formula per schedule).
   predicted                    the same simulation fed what a user's prediction is fed: this rank's
                                dearcomm.profile() (per-module forward and backward, gradient-ready
-                               order, the step), compute slowed by the factor measured beside an
+                               order, the step; taken once a round, between the runs' turns, and
+                               the rounds' medians kept, as the runs' are), compute slowed by the factor measured beside an
                                all-reduce and the collectives by the factor measured beside compute
                                (benchmarks/contention.py); the slowest rank's; error =
                                predicted / measured - 1
@@ -347,9 +348,18 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
-              planned=None, names=None):
-    """The run's iteration in seconds on the simulated device: its schedule and
+GLOO_THREADS = 2
+"""torch's gloo process group's worker threads, as init_process_group("gloo") makes it."""
+
+
+def simulated(*a, **k):
+    """simulation()'s iteration, in seconds."""
+    return simulation(*a, **k).iteration_ms / 1e3
+
+
+def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
+               planned=None, names=None):
+    """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
     as wfbp, its schedule, with its bucket size; fsdp2 as dear sharded (the
@@ -373,18 +383,19 @@ def simulated(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, c
         _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
         seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
+    # gloo's two worker threads run two posted all-reduces at once, unless the
+    # run made the CPU backend order them (deft asks for it itself).
+    lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_THREADS
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
-                               comm_slowdown=comm_slowdown)
+                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes)
     extra = {}
     if planned is not None and schedule == "usbyte":
         extra = dict(blocks=[list(planned["blocks"].get(n, ())) for n in names],
                      priorities=[planned["priorities"].get(n) for n in names])
     if planned is not None and schedule == "deft":
         extra = dict(delays=[planned["delays"].get(n, 0) for n in names], iterations=4)
-    prediction = dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
-                                   step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit,
-                                   **extra)
-    return prediction.iteration_ms / 1e3
+    return dearcomm.simulate(profile, schedule=schedule, update=update, world_size=world, network=network,
+                             step_ms=step_ms, bucket_mb=bucket_mb, partition_mb=partition, credit_mb=credit, **extra)
 
 
 def layout_key(layout):
@@ -523,13 +534,17 @@ def loss_differences(losses, reference="ddp"):
     return dict(zip(losses, diffs.tolist()))
 
 
-def interleaved(runs, rounds, iters, x, y):
+def interleaved(runs, rounds, iters, x, y, each_round=None):
     """Yields (name, model, optimizer) before each of a run's timed iterations,
     which the caller runs: the runs take turns, `iters` each per round. A run's
     turn starts after what the previous one left in flight is finished, on
     every rank at once, and after one untimed iteration (the steady state has
-    the last step's communication in flight); it ends with its own finished."""
+    the last step's communication in flight); it ends with its own finished.
+    ``each_round()`` runs at the start of every round, on every rank at once."""
     for _ in range(rounds):
+        if each_round is not None:
+            dist.barrier()
+            each_round()
         for name, (model, optimizer) in runs.items():
             settle(model)
             dist.barrier()
@@ -577,8 +592,11 @@ def iteration(model, optimizer, x, y, timeline=None, phases=None):
     return loss.detach()
 
 
-def record_timeline(args, runs, x, y, label):
-    """Three iterations of every run, traced, on every rank."""
+def record_timeline(args, runs, x, y, label, predictions):
+    """Three iterations of every run, traced, on every rank; each run's
+    prediction (rank 0's simulation, ``predictions``) laid beside it: in the
+    trace as its own process starting with the run's rank 0, in the run's PNG
+    as a second panel on the same time axis."""
     per_run = {}
     for name in runs:
         model, optimizer = runs[name]
@@ -595,12 +613,19 @@ def record_timeline(args, runs, x, y, label):
         timeline.collect()
         per_run[name] = gather_events(timeline)
     if dist.get_rank() == 0:
-        write_chrome_trace(f"{args.timeline}.json", per_run)
+        predicted = {}
+        for n, ranks in per_run.items():
+            start = min((e["start_ns"] for e in ranks[0]), default=0)
+            predicted[n] = [dict(e, start_ns=e["start_ns"] + start, end_ns=e["end_ns"] + start)
+                            for e in predictions[n].timeline_events()]
+        write_chrome_trace(f"{args.timeline}.json",
+                           {**per_run, **{f"{n} (predicted)": [events] for n, events in predicted.items()}})
         plot_gantt(f"{args.timeline}.png", {f"{n} (rank 0)": ranks[0] for n, ranks in per_run.items()},
                    title=f"{label}: three iterations")
-        for n, ranks in per_run.items():  # one PNG per run as well, easier to read
-            plot_gantt(f"{args.timeline}-{n.replace('/', '_')}.png", {f"{n} (rank 0)": ranks[0]},
-                       title=f"{n}: {label}")
+        for n, ranks in per_run.items():  # one PNG per run as well, easier to read, its prediction below it
+            plot_gantt(f"{args.timeline}-{n.replace('/', '_')}.png",
+                       {f"{n}\nmeasured\n(rank 0)": ranks[0], f"{n}\npredicted": predicted[n]},
+                       title=f"{n}: {label}; predicted {predictions[n].iteration_ms:.0f} ms per iteration")
         print(f"timeline: {args.timeline}.json (Perfetto), {args.timeline}.png")
 
 
@@ -643,11 +668,18 @@ def main():
     load0 = os.getloadavg()
 
     pieces = measure_pieces(args, x, y)
-    # What the prediction runs on: this rank's per-module profile and the
-    # measured slowdown of compute beside collectives (dearcomm/contention.py).
+    # What the prediction runs on: this rank's per-module profile, taken once
+    # a round between the runs (this machine's speed drifts by more than 10%
+    # over a row: one profile at the start set every prediction of a row off
+    # by up to 9% the same way), and the measured slowdown of compute beside
+    # collectives (dearcomm/contention.py).
     profiled = make(args)
-    profile = dearcomm.profile(profiled, (x, y), torch.optim.AdamW(profiled.parameters(), lr=1e-4),
-                               loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]), iterations=args.iters)
+    profiled_opt = torch.optim.AdamW(profiled.parameters(), lr=1e-4)
+    profiles = []
+
+    def profile_once():
+        profiles.append(dearcomm.profile(profiled, (x, y), profiled_opt, iterations=args.iters,
+                                         loss_fn=lambda out, batch: F.cross_entropy(out, batch[1])))
     contention_mib = min(64.0, n_params * 4 / 2**20)
     contention = measure_contention(make(args), x, y, contention_mib,
                                     args.iters)
@@ -679,7 +711,7 @@ def main():
     phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
-        for name, model, optimizer in interleaved(runs, args.rounds, args.iters, x, y):
+        for name, model, optimizer in interleaved(runs, args.rounds, args.iters, x, y, profile_once):
             f0, m0, c0, start = minor_faults(), machine_ms(), time.process_time(), time.perf_counter()
             iteration(model, optimizer, x, y, phases=phases[name])
             times[name].append(time.perf_counter() - start)
@@ -688,9 +720,10 @@ def main():
             sirq[name].append(machine_ms()[1] - m0[1])
             bar.update()
     load1 = os.getloadavg()
+    profile = dearcomm.TrainingProfile.median_of(profiles)
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
-    rows = {}
+    rows, predictions = {}, {}
     for name, t in times.items():
         c = comm[comm_of[name]]
         chosen = plans[name].options if name in plans else None
@@ -703,9 +736,10 @@ def main():
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen, planned=planned,
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])
-        predicted = slowest(simulated(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
-                                      comm_slowdown=comm_slowdown, planned=planned,
-                                      names=[p.name for m in profile.modules for p in m.params]))
+        predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
+                                       comm_slowdown=comm_slowdown, planned=planned,
+                                       names=[p.name for m in profile.modules for p in m.params])
+        predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
@@ -737,7 +771,9 @@ def main():
         print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end; allocator: {allocator_policy()}")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
-        print(f"prediction: rank 0's profile of {len(profile.modules)} modules (fwd {profile.forward_ms:.1f}, "
+        print(f"prediction: rank 0's profile of {len(profile.modules)} modules, median of {len(profiles)} rounds' "
+              f"(fwd {profile.forward_ms:.1f}, "
+              f"{min(p.forward_ms for p in profiles):.1f}-{max(p.forward_ms for p in profiles):.1f} over the rounds; "
               f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
               f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
               "(rank 0)")
@@ -774,10 +810,12 @@ def main():
                   + " / ".join(f"{r['phases_ms'][k]:.1f} ({r['phases_ms'][k + ' off-CPU']:.1f})" for k in PHASES),
                   flush=True)
     if args.timeline:
-        record_timeline(args, runs, x, y, label)
+        record_timeline(args, runs, x, y, label, predictions)
     write_json(args.json, dict(label=label, model=args.model, world_size=world, network=network, threads=threads,
                                args=vars(args), loadavg_start=load0, loadavg_end=load1, allocator=allocator_policy(),
                                pieces_ms={k: 1e3 * v for k, v in pieces.items()}, profile=profile.to_dict(),
+                               profile_rounds_ms=[dict(forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
+                                                  for p in profiles],
                                contention=contention,
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)

@@ -10,10 +10,13 @@ from point-to-point transfers), on a GPU torch's over NCCL.
     print(fit.table())
 
 Every rank takes part (these are collectives); every rank gets the fit of
-rank 0's timings, so all ranks hold the same Network.
+rank 0's timings, so all ranks hold the same Network, with its
+all_reduce_lanes read from the group (all_reduce_lanes()).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import statistics
 import time
 from typing import Optional, Sequence
@@ -63,6 +66,19 @@ def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend, r
     return statistics.median(times)
 
 
+def all_reduce_lanes(group: Optional[dist.ProcessGroup], device: torch.device) -> int:
+    """How many all-reduces the group's backend runs at once
+    (Network.all_reduce_lanes): on a CPU, gloo's worker threads, unless
+    DEARCOMM_CPU_ORDERED=1 makes the CPU backend order every all-reduce;
+    elsewhere (one NCCL stream) 1."""
+    if device.type != "cpu" or os.environ.get("DEARCOMM_CPU_ORDERED") == "1":
+        return 1
+    try:
+        return max(1, int((group or dist.group.WORLD)._get_backend(device).options._threads))
+    except (AttributeError, RuntimeError):  # not gloo, or a torch that hides its options: gloo's default
+        return 2
+
+
 def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
                   sizes: Sequence[int] = PROBE_BYTES, repeats: int = 3) -> NetworkFit:
     """Times reduce-scatter, all-gather and all-reduce of each size in
@@ -80,4 +96,6 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         for kind in ("reduce_scatter", "all_gather", "all_reduce"):
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size,
                              time_us=_timed(kind, full, shard, group, backend, repeats)))
-    return fit_network(rank0s(rows if rank == 0 else None, group))
+    fit = fit_network(rank0s(rows if rank == 0 else None, group))
+    return dataclasses.replace(fit, network=dataclasses.replace(fit.network,
+                                                                all_reduce_lanes=all_reduce_lanes(group, device)))

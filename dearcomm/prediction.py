@@ -51,12 +51,19 @@ class Network:
     measure it with benchmarks/contention.py); 1 where they do not.
     ``comm_slowdown``: how many times longer a collective takes while compute
     runs beside it (the other direction of the same sharing; the same
-    benchmark measures it)."""
+    benchmark measures it).
+    ``all_reduce_lanes``: how many all-reduces the backend runs at once,
+    sharing the link equally: 2 for torch's gloo (two worker threads take the
+    posted all-reduces in turn, so one posted behind a large one finishes
+    first), 1 where they run one at a time (one NCCL stream). A schedule that
+    asks the backend for issue order (deft) runs one at a time whatever this
+    says; dearcomm.network_probe sets it from the training group."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
     compute_slowdown: float = 1.0
     comm_slowdown: float = 1.0
+    all_reduce_lanes: int = 1
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)}"""
@@ -205,8 +212,11 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
                 or factor < 1:
             raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
+    lanes = network.all_reduce_lanes
+    if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+        raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
-                      float(network.compute_slowdown), float(network.comm_slowdown))
+                      float(network.compute_slowdown), float(network.comm_slowdown), lanes)
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

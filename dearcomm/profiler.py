@@ -89,6 +89,32 @@ class TrainingProfile:
                              for m in self.modules])
 
     @classmethod
+    def median_of(cls, profiles: Sequence["TrainingProfile"]) -> "TrainingProfile":
+        """One profile from several of the same model: each time the median of
+        theirs. On a machine whose speed drifts (shared cores, memory
+        bandwidth), profiles taken at intervals across a run describe it
+        better than one taken at its start."""
+        profiles = list(profiles)
+        if not profiles or not all(isinstance(p, TrainingProfile) for p in profiles):
+            raise ValueError("dearcomm: median_of() takes one or more TrainingProfile objects")
+        shape = [(m.name, [(p.name, p.numel) for p in m.params]) for m in profiles[0].modules]
+        for i, other in enumerate(profiles[1:], 1):
+            theirs = [(m.name, [(p.name, p.numel) for p in m.params]) for m in other.modules]
+            if theirs != shape:
+                raise ValueError(f"dearcomm: median_of(): profile {i} has other modules or parameters than "
+                                 "profile 0; combine profiles of the same model only")
+        med = lambda values: statistics.median(values)  # noqa: E731
+        modules = [ProfiledModule(m.name, med(p.modules[i].forward_ms for p in profiles),
+                                  med(p.modules[i].backward_ms for p in profiles),
+                                  [dataclasses.replace(q, grad_ready_ms=med(p.modules[i].params[j].grad_ready_ms
+                                                                             for p in profiles))
+                                   for j, q in enumerate(m.params)])
+                   for i, m in enumerate(profiles[0].modules)]
+        return cls(modules=modules, step_ms=med(p.step_ms for p in profiles),
+                   forward_ms=med(p.forward_ms for p in profiles), backward_ms=med(p.backward_ms for p in profiles),
+                   machine=profiles[0].machine, iterations=sum(p.iterations for p in profiles))
+
+    @classmethod
     def from_dict(cls, data: Dict[str, Any], source: str = "the profile") -> "TrainingProfile":
         """Checks every field; a bad one raises ValueError naming it."""
         return _parse(data, source)

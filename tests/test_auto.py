@@ -116,6 +116,7 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     # blocks and priorities: usbyte's plan is a candidate (None in every other one's options).
     assert set(first[0]) == {"schedule", "update", "bucket_mb", "partition_mb", "credit_mb", "blocks", "priorities"}
     assert first[2] > 0 and first[4].gbit_s > 0
+    assert first[4].all_reduce_lanes == 2, "the probed network: gloo's two worker threads run two all-reduces at once"
     # The last reconfiguration's options are in force (a plan came before it).
     assert all(r["options"] == results[0]["options"] for r in results)
 

@@ -4,6 +4,7 @@ measured on one process and read by dearcomm.simulate; profiles saved as JSON
 and checked field by field when loaded."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -170,6 +171,30 @@ def test_save_load_and_simulate(tmp_path):
     assert direct.iteration_ms >= loaded.forward_ms + loaded.backward_ms - 1e-6
     no_step = simulate(loaded, world_size=4, network=network, step_ms=0.0)
     assert no_step.iteration_ms <= direct.iteration_ms
+
+
+def test_median_of_takes_each_time_s_median_across_profiles():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    base = dearcomm.profile(model, torch.randn(2, 4), torch.optim.SGD(model.parameters(), lr=0.1), iterations=2)
+
+    def scaled(k):  # the same model, every time k times longer
+        data = base.to_dict()
+        for key in ("step_ms", "forward_ms", "backward_ms"):
+            data[key] = k * (1 + data[key])
+        for m in data["modules"]:
+            m.update(forward_ms=k * (1 + m["forward_ms"]), backward_ms=k * (1 + m["backward_ms"]))
+            for p in m["params"]:
+                p["grad_ready_ms"] = k * (1 + p["grad_ready_ms"])
+        return TrainingProfile.from_dict(data)
+
+    combined = TrainingProfile.median_of([scaled(1), scaled(7), scaled(3)])
+    assert combined == dataclasses.replace(scaled(3), iterations=3 * base.iterations)
+    with pytest.raises(ValueError, match="profile 1 has other modules or parameters"):
+        other = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        TrainingProfile.median_of([base, dearcomm.profile(other, torch.randn(2, 4), iterations=1)])
+    with pytest.raises(ValueError, match="one or more TrainingProfile"):
+        TrainingProfile.median_of([])
 
 
 def _saved(tmp_path):

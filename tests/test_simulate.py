@@ -136,6 +136,29 @@ def test_hand_computed_timeline_with_collectives_slowed_beside_compute(schedule,
     assert_timeline(COMM_SLOW, schedule, update, *EXPECTED_COMM_SLOWED[(schedule, update)])
 
 
+def test_hand_computed_all_reduces_sharing_the_link_two_at_a_time():
+    """all_reduce_lanes=2 (gloo's two worker threads): backward 0.5 ms a
+    module, so each 2 ms all-reduce is issued while the one before runs; two
+    run at once, each at half the rate, the third waits for a lane. deft asks
+    the backend for issue order, so it runs them one at a time whatever the
+    network says."""
+    quick = [dataclasses.replace(m, backward_ms=0.5) for m in PROFILE]
+
+    def timeline(schedule, lanes):
+        p = dearcomm.simulate(quick, schedule=schedule, world_size=2, step_ms=2.0, bucket_mb=0, iterations=1,
+                              network=dataclasses.replace(NETWORK, all_reduce_lanes=lanes))
+        return sorted((op["bucket"], pytest.approx(op["start_ms"], abs=1e-9), pytest.approx(op["end_ms"], abs=1e-9))
+                      for op in p.ops), p.iteration_ms
+
+    # fwd [0,3]; bwd m2 [3,3.5] -> AR2, m1 [3.5,4] -> AR1, m0 [4,4.5] -> AR0; one lane: back to back from 3.5
+    one_at_a_time = ([(0, 7.5, 9.5), (1, 5.5, 7.5), (2, 3.5, 5.5)], pytest.approx(11.5))
+    assert timeline("wfbp", 1) == one_at_a_time
+    # Two lanes: AR2 alone [3.5,4] (1.5 ms of work left); from 4 AR1 beside it, both at half rate: AR2 ends
+    # at 7, AR1 has 0.5 left; AR0 starts at 7 beside it: AR1 ends at 8, AR0 has 1.5 left alone: 9.5
+    assert timeline("wfbp", 2) == ([(0, 7, 9.5), (1, 4, 8), (2, 3.5, 7)], pytest.approx(11.5))
+    assert timeline("deft", 2) == one_at_a_time
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
@@ -189,6 +212,8 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
     (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=0.9)), ValueError, "comm_slowdown must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=math.nan)), ValueError, "comm_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=0)), ValueError, "all_reduce_lanes must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=1.5)), ValueError, "all_reduce_lanes must be"),
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),

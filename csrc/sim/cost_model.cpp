@@ -16,13 +16,14 @@ void check(const char* kind, const AlphaBeta& ab) {
 }  // namespace
 
 CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
-                     double compute_slowdown, double comm_slowdown)
+                     double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes)
     : world_size_(world_size),
       reduce_scatter_(reduce_scatter),
       all_gather_(all_gather),
       all_reduce_(all_reduce),
       compute_slowdown_(compute_slowdown),
-      comm_slowdown_(comm_slowdown) {
+      comm_slowdown_(comm_slowdown),
+      all_reduce_lanes_(all_reduce_lanes) {
   DEARCOMM_CORE_CHECK(world_size >= 2, std::invalid_argument, "dearcomm: a world size >= 2 is needed, got ",
                       world_size);
   check("reduce_scatter", reduce_scatter_);
@@ -32,6 +33,8 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
                       "dearcomm: compute_slowdown must be a finite factor >= 1, got ", compute_slowdown_);
   DEARCOMM_CORE_CHECK(std::isfinite(comm_slowdown_) && comm_slowdown_ >= 1.0, std::invalid_argument,
                       "dearcomm: comm_slowdown must be a finite factor >= 1, got ", comm_slowdown_);
+  DEARCOMM_CORE_CHECK(all_reduce_lanes_ >= 1, std::invalid_argument,
+                      "dearcomm: all_reduce_lanes must be >= 1, got ", all_reduce_lanes_);
 }
 
 const AlphaBeta& CostModel::of(Collective kind) const {

@@ -8,6 +8,9 @@
 // compute runs `compute_slowdown` times longer while the channel is busy, and
 // a collective `comm_slowdown` times longer while compute runs beside it
 // (measured factors >= 1: benchmarks/contention.py; 1 where they do not share).
+// `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
+// the link (gloo: its two worker threads take posted all-reduces in turn; 1
+// where collectives run one at a time, as on one NCCL stream).
 // Standard C++ only.
 #pragma once
 
@@ -25,10 +28,11 @@ struct AlphaBeta {
 class CostModel {
  public:
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
-            double compute_slowdown = 1.0, double comm_slowdown = 1.0);
+            double compute_slowdown = 1.0, double comm_slowdown = 1.0, int64_t all_reduce_lanes = 1);
   double seconds(Collective kind, int64_t bytes) const;
   double compute_slowdown() const { return compute_slowdown_; }
   double comm_slowdown() const { return comm_slowdown_; }
+  int64_t all_reduce_lanes() const { return all_reduce_lanes_; }
   // Bytes an all-reduce moves through the link in `seconds` once started
   // (the link model a queueing policy gets).
   int64_t all_reduce_bytes_in(double seconds) const;
@@ -40,6 +44,7 @@ class CostModel {
   AlphaBeta reduce_scatter_, all_gather_, all_reduce_;
   double compute_slowdown_;
   double comm_slowdown_;
+  int64_t all_reduce_lanes_;
 };
 
 }  // namespace dearcomm::sim

@@ -7,26 +7,57 @@
 
 namespace dearcomm::sim {
 
-SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model)
-    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model) {
+SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model,
+                     int64_t all_reduce_lanes)
+    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model), all_reduce_lanes_(all_reduce_lanes) {
+  DEARCOMM_CORE_CHECK(all_reduce_lanes >= 1, std::invalid_argument, "dearcomm: all_reduce_lanes must be >= 1, got ",
+                      all_reduce_lanes);
   for (int64_t numel : profile_.param_numels) {
     total_numel_ += numel;
   }
 }
 
+size_t SimDevice::running() const {
+  if (channel_.empty()) {
+    return 0;
+  }
+  size_t n = 1;
+  if (channel_.front().kind == Collective::kAllReduce) {
+    while (n < channel_.size() && n < static_cast<size_t>(all_reduce_lanes_) &&
+           channel_[n].kind == Collective::kAllReduce) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 double SimDevice::time_to_finish(double comm_rate) const {
-  return channel_.front().left / comm_rate;
+  const size_t n = running();
+  double least = channel_.front().left;
+  for (size_t i = 1; i < n; ++i) {
+    least = std::min(least, channel_[i].left);
+  }
+  return least * static_cast<double>(n) / comm_rate;
 }
 
 void SimDevice::advance(double dt, double comm_rate) {
-  if (!channel_.empty()) {
-    Queued& running = channel_.front();
-    running.left -= dt * comm_rate;
-    if (running.left <= 1e-15) {  // finished (float residue of the division above)
-      in_flight_.at(running.key).end_s = now_ + dt;
-      channel_.pop_front();
-      if (!channel_.empty()) {
-        in_flight_.at(channel_.front().key).start_s = now_ + dt;
+  const size_t n = running();
+  if (n > 0) {
+    const double share = dt * comm_rate / static_cast<double>(n);
+    for (size_t i = 0; i < n; ++i) {
+      channel_[i].left -= share;
+    }
+    // Finished (float residue of the division above), wherever they run.
+    for (size_t i = n; i-- > 0;) {
+      if (channel_[i].left <= 1e-15) {
+        in_flight_.at(channel_[i].key).end_s = now_ + dt;
+        channel_.erase(channel_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    for (size_t i = 0, now_running = running(); i < now_running; ++i) {
+      double& start = in_flight_.at(channel_[i].key).start_s;
+      if (start < 0) {
+        start = now_ + dt;
       }
     }
   }
@@ -76,11 +107,14 @@ void SimDevice::eligible(int64_t /*bucket*/) {
 void SimDevice::issue(const Op& op) {
   const std::pair<int64_t, int64_t> key{op.bucket, op.slot};
   // start and end are set when the channel reaches and finishes it (advance).
-  in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, channel_.empty() ? now_ : -1.0, -1.0};
-  channel_.push_back({key, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes)});
-  if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel
-    in_flight_[key].end_s = now_;
-    channel_.pop_back();
+  in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, -1.0, -1.0};
+  channel_.push_back({key, op.kind, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes)});
+  if (channel_.size() <= running()) {  // runs at once
+    in_flight_[key].start_s = now_;
+    if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel
+      in_flight_[key].end_s = now_;
+      channel_.pop_back();
+    }
   }
 }
 

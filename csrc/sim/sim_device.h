@@ -1,8 +1,10 @@
 // The simulated device: the executor's actions on a virtual clock. One
 // compute stream (forward, backward and optimizer time from a Profile) and
-// one communication channel that runs collectives one at a time in issue
-// order (as the real backends do: one NCCL stream; gloo pairs in posting
-// order), each taking what the CostModel says. A wait moves the compute
+// one communication channel that runs collectives in issue order, one at a
+// time (one NCCL stream; the CPU backend's exchanges and ordered
+// all-reduces), except that up to `all_reduce_lanes` consecutive all-reduces
+// run at once, sharing the link equally (gloo's worker threads), each taking
+// what the CostModel says alone. A wait moves the compute
 // stream to the collective's end. Where compute and a collective run at
 // once, compute progresses CostModel::compute_slowdown() times slower and the
 // collective comm_slowdown() times slower (cores shared with the transport):
@@ -48,7 +50,10 @@ class SimDevice final : public core::Device {
  public:
   // `link_model`: give the policy the link model (bytes an all-reduce drains
   // between eligibility events, from the previous backward's spacing).
-  SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model);
+  // `all_reduce_lanes`: all-reduces run at once (1: the schedule asked the
+  // backend for issue order).
+  SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model,
+            int64_t all_reduce_lanes);
 
   // `seconds` of work on an idle machine: longer where a collective runs beside it.
   void compute(const std::string& name, double seconds);
@@ -71,18 +76,24 @@ class SimDevice final : public core::Device {
   const Profile& profile_;
   const CostModel& cost_;
   const bool link_model_;
+  const int64_t all_reduce_lanes_;
   int64_t total_numel_ = 0;
   // The channel's collectives not finished at now_, in issue order: the
-  // first runs, with `left` seconds of work as it would take alone.
+  // first `running()` run, each with `left` seconds of work as it would take alone.
   struct Queued {
     std::pair<int64_t, int64_t> key;  // (bucket, slot) in in_flight_
+    Collective kind;
     double left;
   };
+  // How many of the channel's first collectives run now: the first, and the
+  // all-reduces right behind an all-reduce, up to all_reduce_lanes_.
+  size_t running() const;
   // Advances the clock by `dt` at the given collective rate (work per
-  // second: 1 alone, 1/comm_slowdown beside compute): the running
-  // collective's work goes down, and one that finishes records its end.
+  // second: 1 alone, 1/comm_slowdown beside compute), shared equally by the
+  // running collectives: their work goes down, those that finish record their
+  // end, and those that start running record their start.
   void advance(double dt, double comm_rate);
-  // The running collective's wall time to finish at `comm_rate`.
+  // Wall time until the first running collective finishes, at `comm_rate`.
   double time_to_finish(double comm_rate) const;
 
   double now_ = 0.0;  // the compute stream, and the channel's time: both advance together

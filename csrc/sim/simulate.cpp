@@ -52,7 +52,8 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
     }
     module_buckets.emplace_back(buckets.begin(), buckets.end());
   }
-  SimDevice device(layout, profile, cost, policy->uses_link_model());
+  SimDevice device(layout, profile, cost, policy->uses_link_model(),
+                   policy->needs_issue_order() ? 1 : cost.all_reduce_lanes());
   std::vector<std::string> names;
   for (int64_t p = 0; p < layout.num_params(); ++p) {
     names.push_back(core::concat("param ", p));
