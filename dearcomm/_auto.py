@@ -28,8 +28,8 @@ At the first training forward, before any gradient is communicated:
      by CONFIRM_MARGIN when both are measured once more, alternately,
      CONFIRM_ROUNDS times (the median of the rounds' ratios decides).
      Rank 0's medians decide, so every rank trains with the same plan,
-     whatever its own timings. A prediction is off by 2-9% here
-     (median per row), up to 18%; a few measured steps separate
+     whatever its own timings. A prediction is off by 4-12% here
+     (median per row, most often short), up to 18%; a few measured steps separate
      candidates the simulator ranks too close, and the confirmation keeps a
      candidate that was merely lucky in its trial (on a compute-bound job
      every candidate is within noise of the others) from replacing a plan
