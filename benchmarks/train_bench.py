@@ -78,6 +78,7 @@ import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
+from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
 
 SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
@@ -348,10 +349,6 @@ def proportional_profile(model, pieces):
                                    1e3 * pieces["bwd"] * sum(n) / total, n) for i, n in enumerate(numels)]
 
 
-GLOO_THREADS = 2
-"""torch's gloo process group's worker threads, as init_process_group("gloo") makes it."""
-
-
 def simulated(*a, **k):
     """simulation()'s iteration, in seconds."""
     return simulation(*a, **k).iteration_ms / 1e3
@@ -385,7 +382,7 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
     # gloo's two worker threads run two posted all-reduces at once, unless the
     # run made the CPU backend order them (deft asks for it itself).
-    lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_THREADS
+    lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes)
     extra = {}

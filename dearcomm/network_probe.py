@@ -66,6 +66,10 @@ def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend, r
     return statistics.median(times)
 
 
+GLOO_DEFAULT_THREADS = 2
+"""torch's gloo process group's worker threads unless its options say otherwise."""
+
+
 def all_reduce_lanes(group: Optional[dist.ProcessGroup], device: torch.device) -> int:
     """How many all-reduces the group's backend runs at once
     (Network.all_reduce_lanes): on a CPU, gloo's worker threads, unless
@@ -75,8 +79,8 @@ def all_reduce_lanes(group: Optional[dist.ProcessGroup], device: torch.device) -
         return 1
     try:
         return max(1, int((group or dist.group.WORLD)._get_backend(device).options._threads))
-    except (AttributeError, RuntimeError):  # not gloo, or a torch that hides its options: gloo's default
-        return 2
+    except (AttributeError, RuntimeError):  # not gloo, or a torch that hides its options
+        return GLOO_DEFAULT_THREADS
 
 
 def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,

@@ -97,13 +97,14 @@ class TrainingProfile:
         profiles = list(profiles)
         if not profiles or not all(isinstance(p, TrainingProfile) for p in profiles):
             raise ValueError("dearcomm: median_of() takes one or more TrainingProfile objects")
-        shape = [(m.name, [(p.name, p.numel) for p in m.params]) for m in profiles[0].modules]
+        def shape(profile):
+            return [(m.name, [(p.name, p.numel) for p in m.params]) for m in profile.modules]
+
         for i, other in enumerate(profiles[1:], 1):
-            theirs = [(m.name, [(p.name, p.numel) for p in m.params]) for m in other.modules]
-            if theirs != shape:
+            if shape(other) != shape(profiles[0]):
                 raise ValueError(f"dearcomm: median_of(): profile {i} has other modules or parameters than "
                                  "profile 0; combine profiles of the same model only")
-        med = lambda values: statistics.median(values)  # noqa: E731
+        med = statistics.median
         modules = [ProfiledModule(m.name, med(p.modules[i].forward_ms for p in profiles),
                                   med(p.modules[i].backward_ms for p in profiles),
                                   [dataclasses.replace(q, grad_ready_ms=med(p.modules[i].params[j].grad_ready_ms

@@ -8,10 +8,12 @@
 namespace dearcomm::sim {
 
 SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model,
-                     int64_t all_reduce_lanes)
-    : layout_(layout), profile_(profile), cost_(cost), link_model_(link_model), all_reduce_lanes_(all_reduce_lanes) {
-  DEARCOMM_CORE_CHECK(all_reduce_lanes >= 1, std::invalid_argument, "dearcomm: all_reduce_lanes must be >= 1, got ",
-                      all_reduce_lanes);
+                     bool all_reduces_in_issue_order)
+    : layout_(layout),
+      profile_(profile),
+      cost_(cost),
+      link_model_(link_model),
+      all_reduce_lanes_(all_reduces_in_issue_order ? 1 : cost.all_reduce_lanes()) {
   for (int64_t numel : profile_.param_numels) {
     total_numel_ += numel;
   }

@@ -50,10 +50,10 @@ class SimDevice final : public core::Device {
  public:
   // `link_model`: give the policy the link model (bytes an all-reduce drains
   // between eligibility events, from the previous backward's spacing).
-  // `all_reduce_lanes`: all-reduces run at once (1: the schedule asked the
-  // backend for issue order).
+  // `all_reduces_in_issue_order`: the schedule asked the backend for issue
+  // order, so all-reduces run one at a time whatever the CostModel's lanes.
   SimDevice(const core::Layout& layout, const Profile& profile, const CostModel& cost, bool link_model,
-            int64_t all_reduce_lanes);
+            bool all_reduces_in_issue_order);
 
   // `seconds` of work on an idle machine: longer where a collective runs beside it.
   void compute(const std::string& name, double seconds);
@@ -76,7 +76,7 @@ class SimDevice final : public core::Device {
   const Profile& profile_;
   const CostModel& cost_;
   const bool link_model_;
-  const int64_t all_reduce_lanes_;
+  const int64_t all_reduce_lanes_;  // all-reduces run at once (the CostModel's, or 1)
   int64_t total_numel_ = 0;
   // The channel's collectives not finished at now_, in issue order: the
   // first `running()` run, each with `left` seconds of work as it would take alone.

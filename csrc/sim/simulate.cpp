@@ -52,8 +52,7 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
     }
     module_buckets.emplace_back(buckets.begin(), buckets.end());
   }
-  SimDevice device(layout, profile, cost, policy->uses_link_model(),
-                   policy->needs_issue_order() ? 1 : cost.all_reduce_lanes());
+  SimDevice device(layout, profile, cost, policy->uses_link_model(), policy->needs_issue_order());
   std::vector<std::string> names;
   for (int64_t p = 0; p < layout.num_params(); ++p) {
     names.push_back(core::concat("param ", p));
