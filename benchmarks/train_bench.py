@@ -20,9 +20,10 @@ the gloo group: one unit per block (FSDP2_UNITS) and the root, the optimizer bui
 on the sharded parameters; it takes no modifiers. Where this torch has no
 fully_shard its row reads "skipped: <reason>".
 
-Pieces, measured in the same run: T_fwd, T_bwd, T_step (one rank's model, no
-communication; T_step(shard) runs the optimizer over 1/p of the parameters) and
-the collectives of all buckets launched back to back, alone: T_RS, T_AG, T_AR.
+Pieces, measured in the same run: T_fwd, T_bwd, T_step (the profile's below: the
+ranks' model in step, no communication; T_step(shard) runs the optimizer over 1/p
+of the parameters) and the collectives of all buckets launched back to back,
+alone: T_RS, T_AG, T_AR.
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
   ideal of a run               the run's schedule and options on dearcomm's simulated device
                                (dearcomm.simulate: the executor and policy that train, on a
@@ -34,9 +35,10 @@ T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning change
 it); T_AR(m0) is the all-reduce, alone, of every bucket holding part of the input-side
 module's parameters (benchmarks/README.md derives what bytescheduler's ideal then is; the
 simulated device gives it, and any schedule's, without a formula per schedule).
-  predicted                    the same simulation fed what a user's prediction is fed: this rank's
-                               dearcomm.profile() (per-module forward and backward, gradient-ready
-                               order, the step; taken once a round, between the runs' turns, and
+  predicted                    the same simulation fed what a user's prediction is fed: the ranks'
+                               dearcomm.profile(group=) (per-module forward and backward, gradient-ready
+                               order, the step; the ranks in step, each iteration the slowest rank's;
+                               taken once a round, between the runs' turns, and
                                the rounds' medians kept, as the runs' are), compute slowed by the factor measured beside an
                                all-reduce and the collectives by the factor measured beside compute
                                (benchmarks/contention.py); the slowest rank's; error =
@@ -247,7 +249,9 @@ def make(args):
 
 
 def measure_pieces(args, x, y):
-    """Compute pieces on one rank's model and batch, without communication."""
+    """The compute pieces the profile does not give, on one rank's model and
+    batch, without communication: the optimizer step over a 1/world shard
+    and the CPU time of a whole iteration."""
     model = make(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     params = list(model.parameters())
@@ -256,32 +260,19 @@ def measure_pieces(args, x, y):
     shard_opt = torch.optim.AdamW(shard, lr=1e-4)
     for s in shard:
         s.grad = torch.randn_like(s)
-    holder = {}
-
-    def forward():
-        holder["loss"] = F.cross_entropy(model(x), y)
-
-    def backward():
-        forward()
-        holder["loss"].backward()
 
     def whole():
         optimizer.zero_grad()
-        backward()
+        F.cross_entropy(model(x), y).backward()
         optimizer.step()
 
     for _ in range(2):
-        backward()
-        optimizer.step()
+        whole()
         shard_opt.step()
-    t_fwd = median_time(forward, args.iters)
-    t_fwd_bwd = median_time(backward, args.iters)
-    t_step = median_time(optimizer.step, args.iters)
     t_step_shard = median_time(shard_opt.step, args.iters)
     cpu = []
     median_time(whole, args.iters, cpu)
-    return dict(fwd=slowest(t_fwd), bwd=slowest(max(t_fwd_bwd - t_fwd, 0.0)), step=slowest(t_step),
-                step_shard=slowest(t_step_shard), cpu_iter=slowest(cpu[0]))
+    return dict(step_shard=slowest(t_step_shard), cpu_iter=slowest(cpu[0]))
 
 
 def plan_layout(args, model):
@@ -665,18 +656,20 @@ def main():
     load0 = os.getloadavg()
 
     pieces = measure_pieces(args, x, y)
-    # What the prediction runs on: this rank's per-module profile, taken once
-    # a round between the runs (this machine's speed drifts by more than 10%
-    # over a row: one profile at the start set every prediction of a row off
-    # by up to 9% the same way), and the measured slowdown of compute beside
-    # collectives (dearcomm/contention.py).
+    # What the prediction runs on: the ranks' per-module profile, taken in step
+    # as they train (each iteration the slowest rank's), once a round between
+    # the runs (this machine's speed drifts by more than 10% over a row: one
+    # profile at the start set every prediction of a row off by up to 9% the
+    # same way), and the measured slowdown of compute beside collectives
+    # (dearcomm/contention.py).
     profiled = make(args)
     profiled_opt = torch.optim.AdamW(profiled.parameters(), lr=1e-4)
     profiles = []
 
     def profile_once():
         profiles.append(dearcomm.profile(profiled, (x, y), profiled_opt, iterations=args.iters,
-                                         loss_fn=lambda out, batch: F.cross_entropy(out, batch[1])))
+                                         loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
+                                         group=dist.group.WORLD))
     contention_mib = min(64.0, n_params * 4 / 2**20)
     contention = measure_contention(make(args), x, y, contention_mib,
                                     args.iters)
@@ -718,6 +711,9 @@ def main():
             bar.update()
     load1 = os.getloadavg()
     profile = dearcomm.TrainingProfile.median_of(profiles)
+    # The lower bound's and the ideal's compute: the profile's, taken across the
+    # rounds like the runs (one measurement at the start has read twice the forward).
+    pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     rows, predictions = {}, {}
@@ -768,7 +764,7 @@ def main():
         print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end; allocator: {allocator_policy()}")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
-        print(f"prediction: rank 0's profile of {len(profile.modules)} modules, median of {len(profiles)} rounds' "
+        print(f"prediction: the ranks' profile (in step, slowest rank) of {len(profile.modules)} modules, median of {len(profiles)} rounds' "
               f"(fwd {profile.forward_ms:.1f}, "
               f"{min(p.forward_ms for p in profiles):.1f}-{max(p.forward_ms for p in profiles):.1f} over the rounds; "
               f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "

@@ -4,15 +4,17 @@ the measured iterations drift from the prediction.
 
 At the first training forward, before any gradient is communicated:
   1. every rank times the collectives on the training group (network_probe:
-     about a second on 1 Gbit/s) and profiles its own compute on the batch it
-     was given (profiler.profile_calls: a few forward+backward+step iterations
-     of the plain model, its state restored; the loss is the model's ``.loss``
-     or the sum of its outputs: backward costs the same whatever the loss);
+     about a second on 1 Gbit/s) and the ranks profile their compute on the
+     batches they were given, in step as they train (profiler.profile_calls
+     with the training group: a few forward+backward+step iterations of the
+     plain model, its state restored, each iteration the slowest rank's; the
+     loss is the model's ``.loss`` or the sum of its outputs: backward costs
+     the same whatever the loss);
      on a CPU it also measures how much compute and collectives slow each
      other on its shared cores (contention.measure_contention: forward and
      backward beside all-reduces of up to 64 MiB, a few seconds at 1 Gbit/s);
   2. rank 0 simulates every candidate the "auto" options leave open
-     (autotune.plan) on its own profile and the probed network, and
+     (autotune.plan) on that profile and the probed network, and
      broadcasts a shortlist: the best predicted candidate of each schedule
      and update (MAX_TRIALS at most), and each family's runners-up;
   3. training goes on with each shortlisted candidate in turn for one step
@@ -201,7 +203,7 @@ class AutoPlan:
                 f"{'reference' if i == self.reference else 'fastest'} {m:.2f} ms" for i, m in self.confirmations)
         return (f"dearcomm auto ({self.reason}): {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
                 f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
-                f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on rank 0's profile (forward "
+                f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on the ranks' profile (forward "
                 f"{self.profile.forward_ms:.1f} ms, backward {self.profile.backward_ms:.1f} ms, step "
                 f"{self.profile.step_ms:.1f} ms) and probed network "
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
@@ -428,9 +430,10 @@ class ProfilingFailed(ValueError):
 def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, args,
                 kwargs) -> Tuple[TrainingProfile, Network]:
     """What a planner at the first training forward plans from: the network
-    probed on the training group (α–β fitted to rank 0's times), this rank's
-    profile on the plain model, and on a CPU how much compute and collectives
-    slow each other (they share its cores). The hooks stand aside; gradients
+    probed on the training group (α–β fitted to rank 0's times), the ranks'
+    profile on the plain model (in step, each iteration the slowest rank's),
+    and on a CPU how much compute and collectives slow each other (they
+    share its cores). The hooks stand aside; gradients
     and buffers are put back as they were. Collectives: every rank calls it."""
     runtime.sync()  # parameters current before they are profiled
     network = probe_network(runtime.group, next(module.parameters()).device).network
@@ -448,19 +451,11 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
     # draws what it would have drawn without "auto".
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            failure = ""
-            try:
+            try:  # every rank raises alike if one could not profile (profile_calls with a group)
                 profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
-                                        iterations=3, warmup=1)
-            except ValueError as e:  # e.g. a parameter without a gradient on this rank's batch
-                failure = f"rank {runtime.rank}: {e}"
-            # Every rank learns whether every rank could profile before any
-            # collective that follows: one failing alone would leave the others waiting.
-            failures = [None] * runtime.world_size
-            dist.all_gather_object(failures, failure, group=runtime.group)
-            failed = [f for f in failures if f]
-            if failed:
-                raise ProfilingFailed("; ".join(failed))
+                                        iterations=3, warmup=1, group=runtime.group)
+            except ValueError as e:  # e.g. a parameter without a gradient on some rank's batch
+                raise ProfilingFailed(str(e)) from None
             if device.type == "cpu":
                 nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
                 try:

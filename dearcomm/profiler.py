@@ -15,7 +15,16 @@ before), so the modules' forward times add up to the whole forward; its
 backward time runs from the previous module's last gradient (in backward
 order) to its own last one, and what backward does after the last gradient
 is counted with the first module. Times are medians over `iterations` timed
-iterations after `warmup` untimed ones, on one process, with no communication.
+iterations after `warmup` untimed ones, with no communication.
+
+With ``group=`` (every rank of it calls profile() at once), the ranks run each
+iteration as synchronous data-parallel training does: they start its forward
+and its optimizer step together (untimed barriers), and each iteration is
+described by the rank that took longest over it, which the others wait for in
+training. Every rank returns that same profile. Ranks that share a machine's
+memory bandwidth and caches compute more slowly in step than one at a time
+(measured here: an optimizer step 1.1-1.35x, a whole iteration 3-13% with the
+slowest rank), so a profile for predicting a job's iterations is taken so.
 
 The model's and the optimizer's state are restored afterwards: profiling
 trains nothing.
@@ -31,11 +40,12 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
+from ._lockstep import Lockstep
 from .prediction import ModuleProfile
 
 FORMAT = "dearcomm-profile"
@@ -134,7 +144,7 @@ class TrainingProfile:
 
 def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
             loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, iterations: int = 5,
-            warmup: int = 2) -> TrainingProfile:
+            warmup: int = 2, group: Optional[Any] = None) -> TrainingProfile:
     """Times `iterations` training iterations of `model` on `batch` (after
     `warmup` untimed ones) and returns the medians.
 
@@ -142,7 +152,9 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
     for a tuple or list (input, target, ...), else ``model(batch)``.
     ``loss_fn(output, batch)`` gives the loss; without one, the output's
     ``.loss`` (Hugging Face models), or the output itself if it is a scalar,
-    or the sum of the output. Give the plain model, before dearcomm.wrap or DDP."""
+    or the sum of the output. Give the plain model, before dearcomm.wrap or DDP.
+    ``group``: a process group whose ranks all call profile() at once, to
+    profile them in step as they train (see the module's docstring)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"dearcomm: profile() takes an nn.Module, got {type(model).__name__}")
     if hasattr(model, "_dear") or isinstance(model, nn.parallel.DistributedDataParallel):
@@ -152,12 +164,12 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "iterations" else 0):
             raise ValueError(f"dearcomm: {name} must be an int >= {1 if name == 'iterations' else 0}, got {value!r}")
     return profile_calls(model, lambda: _loss(model, batch, loss_fn), optimizer, iterations=iterations,
-                         warmup=warmup)
+                         warmup=warmup, group=group)
 
 
 def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
                   optimizer: Optional[torch.optim.Optimizer] = None, *, iterations: int = 5,
-                  warmup: int = 2) -> TrainingProfile:
+                  warmup: int = 2, group: Optional[Any] = None) -> TrainingProfile:
     """profile() for a caller that runs the forward itself: ``compute_loss()``
     runs one forward of ``model`` and returns a scalar loss. The model's and
     the optimizer's state are restored afterwards (wrap()'s "auto" profiles
@@ -165,14 +177,15 @@ def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
     params = {p: n for n, p in model.named_parameters() if p.requires_grad}
     if not params:
         raise ValueError("dearcomm: the model has no parameter that requires grad; there is nothing to profile")
+    lockstep = Lockstep(group, next(iter(params)).device) if group is not None else None
     saved_model = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
     was_training = model.training
     model.train()
     try:
-        probe = _Probe(model, params)
+        probe = _Probe(model, params, lockstep)
         try:
-            samples = [probe.iteration(compute_loss, optimizer) for _ in range(warmup + iterations)][warmup:]
+            samples = probe.run(compute_loss, optimizer, warmup + iterations)[warmup:]
         finally:
             probe.remove()
     finally:
@@ -181,17 +194,27 @@ def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
             optimizer.load_state_dict(saved_optimizer)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return _summarise(samples, probe, params, iterations)
+    try:
+        layout, timed = _per_iteration(samples, probe, params)
+    except ValueError as e:
+        if lockstep is None:
+            raise
+        layout, timed = None, e
+    if lockstep is not None:
+        layout, timed = _slowest_rank(lockstep.gather(timed if layout is None else (layout, timed)))
+    return _summarise(layout, timed, _machine(probe.cuda), iterations)
 
 
 # ---- measuring -------------------------------------------------------------
 
 class _Probe:
     """Hooks that stamp every owning module's first forward call and every
-    parameter's gradient accumulation, per iteration."""
+    parameter's gradient accumulation, per iteration; with a Lockstep, the
+    ranks start each forward and each optimizer step together."""
 
-    def __init__(self, model: nn.Module, params: Dict[nn.Parameter, str]):
+    def __init__(self, model: nn.Module, params: Dict[nn.Parameter, str], lockstep: Optional[Lockstep] = None):
         self.model = model
+        self.lockstep = lockstep
         self.cuda = any(p.is_cuda for p in params)
         self.names: Dict[nn.Module, str] = {}
         self.handles = []
@@ -214,6 +237,25 @@ class _Probe:
     def _on_grad(self, param: nn.Parameter) -> None:
         self.ready[param] = self.now()
 
+    def _meet(self) -> None:
+        if self.lockstep is not None:
+            self.lockstep.meet()
+
+    def run(self, compute_loss: Callable[[], torch.Tensor], optimizer, count: int) -> List[Dict[str, Any]]:
+        """`count` iterations' stamps. In lockstep, a rank that fails tells
+        the others before it raises; a last meeting catches a failure in the
+        last iteration."""
+        try:
+            if self.lockstep is not None:
+                self.lockstep.start(count)
+            samples = [self.iteration(compute_loss, optimizer) for _ in range(count)]
+            self._meet()
+        except BaseException as e:
+            if self.lockstep is not None:
+                self.lockstep.fail(e)
+            raise
+        return samples
+
     def iteration(self, compute_loss: Callable[[], torch.Tensor], optimizer) -> Dict[str, Any]:
         self.calls: Dict[nn.Module, float] = {}
         self.ready: Dict[nn.Parameter, float] = {}
@@ -221,13 +263,15 @@ class _Probe:
             optimizer.zero_grad(set_to_none=True)
         else:
             self.model.zero_grad(set_to_none=True)
+        self._meet()
         start = self.now()
         loss = compute_loss()
         forward_end = self.now()
         loss.backward()
-        backward_end = self.now()
-        step_end = backward_end
+        backward_end = step_start = step_end = self.now()
         if optimizer is not None:
+            self._meet()
+            step_start = self.now()
             optimizer.step()
             step_end = self.now()
         order = list(self.calls)  # in the order of their first call
@@ -236,8 +280,8 @@ class _Probe:
         elif order != self.forward_order:
             raise ValueError("dearcomm: the model's modules ran in another order than in the first iteration; "
                              "profile a model whose forward does the same work every iteration")
-        return dict(start=start, forward_end=forward_end, backward_end=backward_end, step_end=step_end,
-                    calls=self.calls, ready=self.ready)
+        return dict(start=start, forward_end=forward_end, backward_end=backward_end, step_start=step_start,
+                    step_end=step_end, calls=self.calls, ready=self.ready)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -265,40 +309,73 @@ def _loss(model: nn.Module, batch, loss_fn) -> torch.Tensor:
     return loss
 
 
-def _summarise(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn.Parameter, str],
-               iterations: int) -> TrainingProfile:
+# What one iteration measured, in plain numbers (seconds), as ranks exchange it:
+# per module (forward order) its forward and backward, per parameter (the
+# modules' order) its gradient's ready time from the end of forward, the totals.
+_Timed = Dict[str, Any]
+# The modules in forward order: (name, [(parameter name, numel, dtype name)]).
+_Layout = List[Tuple[str, List[Tuple[str, int, str]]]]
+
+
+def _per_iteration(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn.Parameter, str]
+                   ) -> Tuple[_Layout, List[_Timed]]:
     owned = _readers(probe.model, probe.forward_order, params)
     order = [m for m in probe.forward_order if owned.get(m)]
     no_grad = [params[p] for p in params if any(p not in s["ready"] for s in samples)]
     if no_grad:
         raise ValueError(f"dearcomm: {len(no_grad)} parameter(s) got no gradient: {no_grad[:8]}; every parameter "
                          "that requires grad must take part in the loss")
-    forward = {m: [] for m in order}
-    backward = {m: [] for m in order}
+    timed = []
     for s in samples:
         # Forward: from each module's first call to the next one's; before the first, counted with the first.
         bounds = [s["start"]] + [s["calls"][m] for m in order[1:]] + [s["forward_end"]]
-        for i, m in enumerate(order):
-            forward[m].append(bounds[i + 1] - bounds[i])
+        forward = [bounds[i + 1] - bounds[i] for i in range(len(order))]
         # Backward, last module first: from the previous module's last gradient to this one's.
+        backward = [0.0] * len(order)
         previous = s["forward_end"]
-        for i, m in enumerate(reversed(order)):
-            ready = max(s["ready"][p] for p in owned[m])
-            backward[m].append(max(0.0, ready - previous))
+        for i in reversed(range(len(order))):
+            ready = max(s["ready"][p] for p in owned[order[i]])
+            backward[i] = max(0.0, ready - previous)
             previous = max(previous, ready)
-        backward[order[0]][-1] += max(0.0, s["backward_end"] - previous)
+        backward[0] += max(0.0, s["backward_end"] - previous)
+        timed.append(dict(forward=forward, backward=backward,
+                          ready=[s["ready"][p] - s["forward_end"] for m in order for p in owned[m]],
+                          forward_total=s["forward_end"] - s["start"],
+                          backward_total=s["backward_end"] - s["forward_end"],
+                          step=s["step_end"] - s["step_start"]))
+    layout = [(probe.names[m], [(params[p], p.numel(), str(p.dtype).replace("torch.", "")) for p in owned[m]])
+              for m in order]
+    return layout, timed
+
+
+def _slowest_rank(gathered: List[Tuple[_Layout, List[_Timed]]]) -> Tuple[_Layout, List[_Timed]]:
+    """Each iteration as the rank that took longest over it had it."""
+    layout = gathered[0][0]
+    for rank, (other, _) in enumerate(gathered[1:], 1):
+        if other != layout:
+            raise ValueError(f"dearcomm: profile(): rank {rank} profiled other modules or parameters than rank 0; "
+                             "profile the same model on every rank of the group")
+    total = lambda t: t["forward_total"] + t["backward_total"] + t["step"]  # noqa: E731
+    return layout, [max(iteration, key=total) for iteration in zip(*(timed for _, timed in gathered))]
+
+
+def _summarise(layout: _Layout, timed: List[_Timed], machine: Dict[str, Any], iterations: int) -> TrainingProfile:
     ms = 1e3
-    modules = [ProfiledModule(probe.names[m], statistics.median(forward[m]) * ms, statistics.median(backward[m]) * ms,
-                              [ParamProfile(params[p], p.numel(), p.dtype,
-                                            statistics.median(s["ready"][p] - s["forward_end"] for s in samples) * ms)
-                               for p in owned[m]])
-               for m in order]
-    return TrainingProfile(
-        modules=modules,
-        step_ms=statistics.median(s["step_end"] - s["backward_end"] for s in samples) * ms,
-        forward_ms=statistics.median(s["forward_end"] - s["start"] for s in samples) * ms,
-        backward_ms=statistics.median(s["backward_end"] - s["forward_end"] for s in samples) * ms,
-        machine=_machine(probe.cuda), iterations=iterations)
+
+    def med(values) -> float:
+        return statistics.median(values) * ms
+
+    modules, j = [], 0
+    for i, (name, owned) in enumerate(layout):
+        params = [ParamProfile(pname, numel, getattr(torch, dtype), med(t["ready"][j + k] for t in timed))
+                  for k, (pname, numel, dtype) in enumerate(owned)]
+        j += len(owned)
+        modules.append(ProfiledModule(name, med(t["forward"][i] for t in timed), med(t["backward"][i] for t in timed),
+                                      params))
+    return TrainingProfile(modules=modules, step_ms=med(t["step"] for t in timed),
+                           forward_ms=med(t["forward_total"] for t in timed),
+                           backward_ms=med(t["backward_total"] for t in timed), machine=machine,
+                           iterations=iterations)
 
 
 def _readers(model: nn.Module, called: List[nn.Module], params: Dict[nn.Parameter, str]

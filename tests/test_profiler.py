@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from torch import nn
 
 import dearcomm
 from dearcomm import Network, TrainingProfile, simulate
+from tests.multiprocess import run_workers
 from tests.real_models import SPECS
 
 FORWARD_SLEEP_MS = 40.0
@@ -258,3 +260,82 @@ class _DetachesOne(nn.Module):
 
     def forward(self, x):
         return self.b(self.a(x).detach())
+
+
+# ---- ranks profiled together (group=) ---------------------------------------
+
+class _Stamped(torch.optim.SGD):
+    """SGD that notes the wall clock (shared by the processes on this machine)
+    at the start of every step."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.1)
+        self.started = []
+
+    def step(self, closure=None):
+        self.started.append(time.time())
+        return super().step(closure)
+
+
+def _together(rank, world_size, extra_sleep_ms):
+    """Rank r's b sleeps r * extra_sleep_ms longer in its forward."""
+    global FORWARD_SLEEP_MS
+    FORWARD_SLEEP_MS = 40.0 + rank * extra_sleep_ms
+    torch.manual_seed(0)
+    model = Known()
+    optimizer = _Stamped(model.parameters())
+    prof = dearcomm.profile(model, torch.randn(4, 8), optimizer, loss_fn=loss_of, iterations=4, warmup=1,
+                            group=torch.distributed.group.WORLD)
+    return prof.to_dict(), optimizer.started
+
+
+def test_ranks_profile_in_step_and_agree_on_the_slowest_rank():
+    extra = 80.0
+    (p0, steps0), (p1, steps1) = run_workers(_together, 2, extra, deadline=120)
+    for p in (p0, p1):
+        p["machine"] = None
+    assert p0 == p1, "every rank returns the same profile"
+    b = {m["name"]: m for m in p0["modules"]}["b"]
+    assert b["forward_ms"] >= FORWARD_SLEEP_MS + extra, "each iteration is the slower rank's"
+    # In step: every optimizer step starts on both ranks together, although
+    # rank 1's forward is 80 ms longer (apart, they would drift 80 ms an iteration).
+    assert len(steps0) == len(steps1) == 5
+    assert max(abs(a - b) for a, b in zip(steps0, steps1)) < extra / 2e3
+
+
+def _failing(rank, world_size, how):
+    """Rank 1 fails (`how`); every rank returns the error it raised."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    calls = []
+
+    def loss_fn(out, batch):
+        calls.append(1)
+        if rank == 1 and how == "raises" and len(calls) == 3:
+            raise RuntimeError("rank 1's loss broke")
+        if rank == 1 and how == "no grad":
+            return model[1](torch.randn(2, 4)).sum()  # the first layer gets no gradient
+        return out.sum()
+    iterations = 4 if rank == 1 and how == "iterations" else 3
+    try:
+        dearcomm.profile(model, torch.randn(2, 4), torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=loss_fn,
+                         iterations=iterations, warmup=1, group=torch.distributed.group.WORLD)
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.parametrize("how,rank0,rank1", [
+    ("raises", r"profile\(\) failed on rank 1: RuntimeError: rank 1.s loss broke", "^RuntimeError: rank 1.s loss broke"),
+    ("no grad", r"failed on rank 1: .*2 parameter\(s\) got no gradient", r"failed on rank 1: .*no gradient"),
+    ("iterations", "asked for 4 to 5 iterations", "asked for 4 to 5 iterations"),
+])
+def test_a_rank_that_fails_fails_every_rank_without_a_hang(how, rank0, rank1):
+    errors = run_workers(_failing, 2, how, deadline=120)
+    assert re.search(rank0, errors[0]), errors[0]
+    assert re.search(rank1, errors[1]), errors[1]
+
+
+def test_group_needs_torch_distributed():
+    with pytest.raises(ValueError, match="needs torch.distributed initialised"):
+        dearcomm.profile(nn.Linear(4, 2), torch.randn(2, 4), group=object())
