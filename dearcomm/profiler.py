@@ -195,14 +195,16 @@ def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     try:
-        layout, timed = _per_iteration(samples, probe, params)
+        measured = _per_iteration(samples, probe, params)
     except ValueError as e:
         if lockstep is None:
             raise
-        layout, timed = None, e
+        measured = e  # the other ranks raise it too
+    machine = _machine(probe.cuda)
     if lockstep is not None:
-        layout, timed = _slowest_rank(lockstep.gather(timed if layout is None else (layout, timed)))
-    return _summarise(layout, timed, _machine(probe.cuda), iterations)
+        measured = _slowest_rank(lockstep.gather(measured))
+        machine["ranks_in_step"] = lockstep.world_size
+    return _summarise(*measured, machine, iterations)
 
 
 # ---- measuring -------------------------------------------------------------

@@ -290,7 +290,7 @@ def _together(rank, world_size, extra_sleep_ms):
 
 
 def test_ranks_profile_in_step_and_agree_on_the_slowest_rank():
-    extra = 80.0
+    extra = 150.0
     (p0, steps0), (p1, steps1) = run_workers(_together, 2, extra, deadline=120)
     for p in (p0, p1):
         p["machine"] = None
@@ -298,7 +298,7 @@ def test_ranks_profile_in_step_and_agree_on_the_slowest_rank():
     b = {m["name"]: m for m in p0["modules"]}["b"]
     assert b["forward_ms"] >= FORWARD_SLEEP_MS + extra, "each iteration is the slower rank's"
     # In step: every optimizer step starts on both ranks together, although
-    # rank 1's forward is 80 ms longer (apart, they would drift 80 ms an iteration).
+    # rank 1's forward is 150 ms longer (apart, they would drift 150 ms an iteration).
     assert len(steps0) == len(steps1) == 5
     assert max(abs(a - b) for a, b in zip(steps0, steps1)) < extra / 2e3
 
