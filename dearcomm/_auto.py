@@ -26,12 +26,13 @@ At the first training forward, before any gradient is communicated:
      first: the simulator errs more on how finely to cut than on bucket
      sizes). The shortlist always holds the reference, DDP's layout (wfbp,
      25 MiB buckets, no partitions; for options the user fixed, those):
-     the fastest measured candidate replaces it only if it is faster again
-     by CONFIRM_MARGIN when both are measured once more, alternately,
-     CONFIRM_ROUNDS times (the median of the rounds' ratios decides).
+     the CONFIRM_CONTENDERS fastest measured candidates and the reference
+     are measured once more, in turn, CONFIRM_ROUNDS times, and the
+     contender with the lowest median ratio to the reference replaces it
+     only if that ratio is below 1 - CONFIRM_MARGIN.
      Rank 0's medians decide, so every rank trains with the same plan,
-     whatever its own timings. A prediction is off by 4-12% here
-     (median per row, most often short), up to 18%; a few measured steps separate
+     whatever its own timings. A prediction is off by 2-6% here
+     (median per row, most often short), up to 13%; a few measured steps separate
      candidates the simulator ranks too close, and the confirmation keeps a
      candidate that was merely lucky in its trial (on a compute-bound job
      every candidate is within noise of the others) from replacing a plan
@@ -97,13 +98,19 @@ REFINE_MAX_FAMILIES = 3
 measures within noise of the others."""
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
+CONFIRM_CONTENDERS = 2
+"""How many of the fastest measured candidates (the reference apart) are
+measured again against it: with one, a candidate lucky in its trial took the
+only place, failed its confirmation, and a better one 9% behind it in the
+trials was never confirmed (widein at 4 ranks: usbyte's 421 ms trial, then
+DDP's layout kept; dear-sharded/p4's trial 461 ms, 1.14x DDP over 8 rounds)."""
 CONFIRM_ROUNDS = 3
-"""Times the fastest measured candidate and the reference are measured again,
-alternately (three: the median of the rounds is not moved by one outlier)."""
+"""Times the contenders and the reference are measured again, in turn
+(three: the median of the rounds is not moved by one outlier)."""
 CONFIRM_MARGIN = 0.03
-"""How much faster than the reference the fastest candidate must be, by the
-median over the confirmation rounds of its time ÷ the reference's, to
-replace it: less is within this machine's noise between trials."""
+"""How much faster than the reference a contender must be, by the median
+over the confirmation rounds of its time ÷ the reference's, to replace it:
+less is within this machine's noise between trials."""
 REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None),
              {k: v for k, v in autotune.DEFAULT_OPTIONS if k != "update"})
 """The reference candidate's values of the "auto" options, in order of
@@ -157,12 +164,19 @@ class AutoPlan:
         """The shortlist's index of the fastest measured candidate (ties: the earlier, better predicted)."""
         return min(range(len(self.measured_ms)), key=lambda i: self.measured_ms[i])
 
+    def contenders(self) -> Tuple[int, ...]:
+        """The shortlist's indices of the candidates measured again against the
+        reference: the CONFIRM_CONTENDERS fastest measured but it, fastest
+        first; none if there is no reference or it measured fastest."""
+        if self.reference is None or self.fastest_measured() == self.reference:
+            return ()
+        order = sorted(range(len(self.measured_ms)), key=lambda i: (self.measured_ms[i], i))
+        return tuple(i for i in order if i != self.reference)[:CONFIRM_CONTENDERS]
+
     def confirmation_queue(self) -> Tuple[int, ...]:
         """What the confirmation round measures, in order (once the shortlist is measured)."""
-        best = self.fastest_measured()
-        if self.reference is None or best == self.reference:
-            return ()
-        return (best, self.reference) * CONFIRM_ROUNDS
+        contenders = self.contenders()
+        return (*contenders, self.reference) * CONFIRM_ROUNDS if contenders else ()
 
     def next_trial(self) -> Optional[int]:
         """The shortlist's index of the candidate to measure next; None when the choice is made."""
@@ -173,16 +187,18 @@ class AutoPlan:
 
     def choice(self) -> Tuple[int, float]:
         """(shortlist index, what it measured) of the candidate to train with:
-        the fastest measured, unless the confirmation found it no faster
-        than the reference by CONFIRM_MARGIN."""
-        best = self.fastest_measured()
-        if not self.confirmation_queue():
+        the fastest measured, or after a confirmation the contender that beat
+        the reference by most, if by CONFIRM_MARGIN, else the reference."""
+        contenders = self.contenders()
+        if not contenders:
+            best = self.fastest_measured()
             return best, self.measured_ms[best]
-        again = {i: [ms for j, ms in self.confirmations if j == i] for i in (best, self.reference)}
-        # Paired: each round's two measurements ran back to back; the median
-        # of the rounds' ratios is not moved by one round's outlier.
-        ratio = statistics.median(b / r for b, r in zip(again[best], again[self.reference]))
-        kept = best if ratio < 1 - CONFIRM_MARGIN else self.reference
+        again = {i: [ms for j, ms in self.confirmations if j == i] for i in (*contenders, self.reference)}
+        # Paired: each round's measurements ran back to back; the median of
+        # the rounds' ratios is not moved by one round's outlier.
+        ratio = {c: statistics.median(b / r for b, r in zip(again[c], again[self.reference])) for c in contenders}
+        best = min(contenders, key=lambda c: ratio[c])  # ties: the faster in its trial
+        kept = best if ratio[best] < 1 - CONFIRM_MARGIN else self.reference
         return kept, statistics.median(again[kept])
 
     @property
@@ -200,7 +216,8 @@ class AutoPlan:
                                                in zip(self.shortlist, self.measured_ms))
         if self.confirmations:
             trials += "; measured again against the reference: " + ", ".join(
-                f"{'reference' if i == self.reference else 'fastest'} {m:.2f} ms" for i, m in self.confirmations)
+                f"{'reference' if i == self.reference else _describe(self.shortlist[i][0])} {m:.2f} ms"
+                for i, m in self.confirmations)
         return (f"dearcomm auto ({self.reason}): {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
                 f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
                 f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on the ranks' profile (forward "

@@ -106,10 +106,14 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
         if best == reference:
             assert confirmations == () and (options, predicted) == shortlist[reference]
             continue
-        assert [i for i, _ in confirmations] == [best, reference], "the fastest and the reference measured again"
-        again = dict(confirmations)  # one round: the ratio of its two measurements decides
-        kept = best if again[best] / again[reference] < 1 - _auto.CONFIRM_MARGIN else reference
-        assert (options, predicted) == shortlist[kept], "the reference stays unless the fastest beats it again"
+        contenders = sorted((i for i in range(len(measured)) if i != reference),
+                            key=lambda i: (measured[i], i))[:_auto.CONFIRM_CONTENDERS]
+        assert [i for i, _ in confirmations] == [*contenders, reference], \
+            "the fastest candidates and the reference measured again"
+        again = dict(confirmations)  # one round: the ratio of its measurements decides
+        winner = min(contenders, key=lambda i: again[i] / again[reference])
+        kept = winner if again[winner] / again[reference] < 1 - _auto.CONFIRM_MARGIN else reference
+        assert (options, predicted) == shortlist[kept], "the reference stays unless a contender beats it again"
     for rank, theirs in enumerate(plans):
         assert theirs == plans[0], f"rank {rank} planned differently from rank 0"
     first = plans[0][0]
@@ -178,6 +182,7 @@ def _plan_measured(measured, reference, confirmations=()):
 
 def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypatch):
     monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 3)
+    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 1)
     plan = _plan_measured([90.0, 110.0, 100.0], reference=2)
     assert plan.confirmation_queue() == (0, 2, 0, 2, 0, 2) and plan.next_trial() == 0 and not plan.decided
     # Lucky in its trial: measured again, it is as fast as the reference; the reference stays.
@@ -202,6 +207,25 @@ def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypat
     assert plain.confirmation_queue() == () and plain.decided and plain.choice() == (2, 100.0)
     # No reference (none among the candidates): the fastest measured.
     assert _plan_measured([105.0, 95.0], None).choice() == (1, 95.0)
+
+
+def test_the_two_fastest_trials_are_confirmed_and_the_one_that_beats_the_reference_most_wins(monkeypatch):
+    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 3)
+    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 2)
+    # As on widein at 4 ranks: 1 lucky in its trial, 3 a little behind it, 2 the reference.
+    trials = [480.0, 421.3, 539.6, 460.8]
+    plan = _plan_measured(trials, reference=2)
+    assert plan.contenders() == (1, 3)
+    assert plan.confirmation_queue() == (1, 3, 2) * 3 and plan.next_trial() == 1
+    again = [(1, 465.9), (3, 452.0), (2, 511.0), (1, 589.4), (3, 447.0), (2, 504.7), (1, 520.0), (3, 450.1), (2, 506.3)]
+    assert _plan_measured(trials, 2, again[:4]).next_trial() == 3 and not _plan_measured(trials, 2, again[:4]).decided
+    decided = _plan_measured(trials, 2, again)
+    assert decided.decided and decided.choice() == (3, 450.1)
+    # Neither beats the reference by the margin: the reference stays.
+    close = [(i, ms if i == 2 else 500.0) for i, ms in again]
+    assert _plan_measured(trials, 2, close).choice()[0] == 2
+    # Only one candidate but the reference: one contender.
+    assert _plan_measured([90.0, 100.0], reference=1).confirmation_queue() == (0, 1) * 3
 
 
 def test_runners_up_try_other_partition_sizes_first():
