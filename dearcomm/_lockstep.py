@@ -10,11 +10,14 @@ from typing import Any, List, Sequence
 import torch
 import torch.distributed as dist
 
+
 class PeerFailed(ValueError):
     """Another rank of the group failed while profiling; the message says why."""
 
 
 class Lockstep:
+    """The meetings of one profile() on every rank of ``group``."""
+
     def __init__(self, group: Any, device: torch.device):
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("dearcomm: profile(group=...) needs torch.distributed initialised "
@@ -23,7 +26,6 @@ class Lockstep:
             raise TypeError(f"dearcomm: group must be a torch.distributed ProcessGroup (dist.group.WORLD or "
                             f"one from dist.new_group()), got {type(group).__name__}")
         self.group = group
-        self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.device = device if device.type == "cuda" else torch.device("cpu")
         self.failed = False
