@@ -116,6 +116,13 @@ REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=
 """The reference candidate's values of the "auto" options, in order of
 preference: DDP's layout, else wrap()'s default (where the user's fixed
 options rule wfbp out)."""
+PROFILE_ITERATIONS, PROFILE_WARMUP = 6, 2
+"""Iterations profiled at the first forward (after the warm-up ones), and
+iterations timed beside collectives for the contention factors. With 3 (and
+1 warm-up), widein at 4 ranks read backward 51.8 ms and κ 1.98 where 8 rounds
+read 63.6 ms and 1.35, priced dear with small partitions 20% fast, and the
+best family (dear-sharded/p4, 1.14x DDP) was left out of the trials; with 6
+it was chosen (1.11x DDP, 1.036x the best's time; one run)."""
 CONTENTION_BYTES = 64 * 2**20
 """All-reduce size for the contention measurement (or the model's size, if smaller)."""
 
@@ -470,13 +477,15 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             try:  # every rank raises alike if one could not profile (profile_calls with a group)
                 profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
-                                        iterations=3, warmup=1, group=runtime.group)
+                                        iterations=PROFILE_ITERATIONS, warmup=PROFILE_WARMUP,
+                                        group=runtime.group)
             except ValueError as e:  # e.g. a parameter without a gradient on some rank's batch
                 raise ProfilingFailed(str(e)) from None
             if device.type == "cpu":
                 nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))
                 try:
-                    measured = measure_contention(forward_backward, runtime.group, nbytes=nbytes, iters=3)
+                    measured = measure_contention(forward_backward, runtime.group, nbytes=nbytes,
+                                                  iters=PROFILE_ITERATIONS)
                 except ValueError as e:  # after its collectives, so every rank is still in step
                     # A model whose collectives are too short beside its compute to time the
                     # sharing (a small model on a fast link): it hardly matters there.
