@@ -46,6 +46,14 @@ def median_seconds(fn: Callable[[], None], device: torch.device, warmup: int, it
     return t.item()
 
 
+def slowest(seconds: float) -> float:
+    """The largest of the ranks' values (every rank calls it): a synchronous
+    iteration is as slow as its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def iterations_for(nbytes: int, budget_bytes: float = 4e8, lo: int = 3, hi: int = 30) -> int:
     return int(max(lo, min(hi, budget_bytes // max(nbytes, 1))))
 

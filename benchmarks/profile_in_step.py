@@ -12,7 +12,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,30 +19,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import init, write_json  # noqa: E402
+from common import init, slowest, write_json  # noqa: E402
 from models import MODELS  # noqa: E402
+from train_bench import PHASES, iteration  # noqa: E402
 
 import dearcomm  # noqa: E402
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def ddp_phases(model, optimizer, x, y):
-    """(forward+loss, backward, zero_grad+step) wall seconds of one DDP iteration."""
-    t0 = time.perf_counter()
-    optimizer.zero_grad()
-    t1 = time.perf_counter()
-    loss = F.cross_entropy(model(x), y)
-    t2 = time.perf_counter()
-    loss.backward()
-    t3 = time.perf_counter()
-    optimizer.step()
-    t4 = time.perf_counter()
-    return t2 - t1, t3 - t2, t4 - t3 + t1 - t0
 
 
 def main():
@@ -66,9 +46,9 @@ def main():
     x, y = alone.batch(args.batch, torch.Generator().manual_seed(rank))
     loss_fn = lambda out, batch: F.cross_entropy(out, batch[1])  # noqa: E731
     profiles = {"alone": [], "in step": []}
-    phases = []
+    phases = {}  # train_bench's phases of DDP's iterations: forward+loss, backward, zero_grad+step
     for _ in range(2):
-        ddp_phases(ddp, optimizers[ddp], x, y)
+        iteration(ddp, optimizers[ddp], x, y)
     for _ in range(args.rounds):
         dist.barrier()
         profiles["alone"].append(dearcomm.profile(alone, (x, y), optimizers[alone], loss_fn=loss_fn,
@@ -77,14 +57,14 @@ def main():
         profiles["in step"].append(dearcomm.profile(in_step, (x, y), optimizers[in_step], loss_fn=loss_fn,
                                                     iterations=args.iters, group=dist.group.WORLD))
         dist.barrier()
-        phases += [ddp_phases(ddp, optimizers[ddp], x, y) for _ in range(args.iters)]
+        for _ in range(args.iters):
+            iteration(ddp, optimizers[ddp], x, y, phases=phases)
     rows = {}
     for name, ps in profiles.items():
         p = dearcomm.TrainingProfile.median_of(ps)
         rows[f"profile, {name}" + (" (rank 0's)" if name == "alone" else " (slowest rank)")] = dict(
             forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
-    rows["DDP training (slowest rank)"] = {
-        k: 1e3 * slowest(statistics.median(ph[i] for ph in phases)) for i, k in enumerate(("forward", "backward", "step"))}
+    rows["DDP training (slowest rank)"] = {k: 1e3 * slowest(statistics.median(phases[k])) for k in PHASES}
     if rank == 0:
         print(f"# {args.model}, batch {args.batch}/rank, {world} ranks, {torch.get_num_threads()} thread(s)/rank, "
               f"medians of {args.rounds} rounds x {args.iters} iterations")

@@ -71,7 +71,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_json  # noqa: E402
+from common import slowest, write_json  # noqa: E402
 from contention import measure as measure_contention  # noqa: E402
 from bo_tuner import TRIALS, live_measure, tune_bucket_mb  # noqa: E402
 from models import MODELS  # noqa: E402
@@ -220,12 +220,6 @@ def allocator_policy() -> str:
 
 def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def median_time(fn, iters, cpu=None):
