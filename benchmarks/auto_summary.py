@@ -9,7 +9,10 @@ Per row: DDP's median; the default (dear-sharded) and the best fixed run
 delayed gradients change what training computes) as speedups over DDP;
 auto's speedup, its time against the best fixed run's, what it chose and
 what choosing cost (rank 0's probing, profiling and simulation, then the
-training steps that measured its shortlist); the same for dear-bo (its 10
+training steps that measured its shortlist); where auto chose the options of
+one of the row's fixed runs, that run's speedup beside it ("= dear-sharded/p4
+1.15x"): two runs of one configuration in one process, so their difference is
+this machine's noise, not auto's choice; the same for dear-bo (its 10
 trials). Targets: auto within 5% of the best fixed run, >= 1.15x DDP on a
 communication-bound row (all-reduce alone longer than backward), and no
 more than 5% slower than DDP on a compute-bound one.
@@ -18,10 +21,25 @@ import argparse
 import json
 from pathlib import Path
 
+from train_bench import parse_run
+
 # deft trains on delayed gradients (another computation): "auto" considers it
 # only when given max_delay, which the auto run here is not; so it is no
 # fixed configuration auto is held to.
 NOT_FIXED = ("ddp", "auto", "dear-bo", "fsdp2", "ddp+gather", "deft")
+
+
+def twin(chosen: dict, fixed: dict, bucket_mb: float):
+    """The fixed run whose options auto chose, if any (usbyte and deft plan
+    their own blocks and delays, so no run of theirs is auto's twin)."""
+    for name in fixed:
+        schedule, update, partition, credit = parse_run(name)
+        if schedule in ("usbyte", "deft"):
+            continue
+        if (chosen.get("schedule"), chosen.get("update"), chosen.get("bucket_mb"), chosen.get("partition_mb"),
+                chosen.get("credit_mb")) == (schedule, update, bucket_mb, partition, credit):
+            return name
+    return None
 
 
 def row(path: Path):
@@ -40,6 +58,9 @@ def row(path: Path):
     planned = {"blocks": "parameters in blocks", "priorities": "parameters ranked", "delays": "parameters delayed"}
     chosen = " ".join(f"{k}=<{len(v)} {planned[k]}>" if k in planned else f"{k}={v}"
                       for k, v in auto["auto_options"].items() if v is not None)
+    same = twin(auto["auto_options"], fixed, data["args"]["bucket_mb"])
+    if same:
+        chosen += f" (= {same} {ddp / fixed[same]['median_ms']:.2f}x)"
     return dict(row=path.stem, kind="comm" if comm_bound else "compute", ddp=ddp,
                 default=ddp / runs["dear-sharded"]["median_ms"] if "dear-sharded" in runs else None,
                 best=best, best_x=ddp / fixed[best]["median_ms"], auto_x=speedup, vs_best=vs_best, chosen=chosen,
