@@ -152,6 +152,8 @@ class DearRuntime:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._buffers = [b for b in module.buffers()]
         self._buffers_due = True  # the next training forward broadcasts them
+        self._buffer_group: Optional[dist.ProcessGroup] = None  # _buffer_channel(), at the first broadcast
+        self._close_buffer_group: Optional[weakref.finalize] = None
         if options.broadcast_buffers and self._buffers:
             self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
 
@@ -186,8 +188,27 @@ class DearRuntime:
         if not (module.training and torch.is_grad_enabled()) or self.planning:
             return
         if self._buffers_due:
-            dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
+            dist._broadcast_coalesced(self._buffer_channel(), self._buffers, _BUFFER_BROADCAST_BYTES, 0)
         self._buffers_due = self.sync_gradients
+
+    def _buffer_channel(self) -> dist.ProcessGroup:
+        """The group the buffers go over. On a CPU the engine sends gradients
+        over the training group in issue order, so a broadcast there waits
+        behind every send queued before it: deft's delayed all-reduce, dear's
+        all-gathers (GPT's 16 KiB mask cost deft 1.28x per iteration at
+        1 Gbit/s; benchmarks/buffer_broadcast.py). A group of the same ranks,
+        in the same order, has connections of its own. Created by the ranks
+        of the training group alone (the first training forward is collective
+        on them anyway); on CUDA the engine has its own communicators."""
+        if self._buffer_group is None:
+            self._buffer_group = self.group
+            if self._buffers[0].device.type == "cpu" and self.world_size > 1:
+                self._buffer_group = dist.new_group(
+                    dist.get_process_group_ranks(self.group), timeout=self.timeout, backend="gloo",
+                    use_local_synchronization=True, sort_ranks=False, group_desc="dearcomm buffers")
+                self._close_buffer_group = weakref.finalize(self, _destroy_group, self._buffer_group)
+                self._close_buffer_group.atexit = False  # at exit the default group may be gone
+        return self._buffer_group
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:
@@ -500,9 +521,21 @@ class DearRuntime:
         self._forward_handles.clear()
         self._handles.clear()
         self.engine = None
+        if self._close_buffer_group is not None:
+            self._close_buffer_group()
         self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
+
+
+def _destroy_group(group: dist.ProcessGroup) -> None:
+    """A group this runtime made, once it is closed or collected: its
+    connections and threads go (destroying a subgroup is local)."""
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+    except (RuntimeError, ValueError) as e:  # already gone with the default group
+        logger.debug("dearcomm: the buffer group was already destroyed: %s", e)
 
 
 def _drain(engine: _C.Engine) -> None:

@@ -309,6 +309,45 @@ def test_buffers_follow_ddp_broadcast_buffers():
     assert_no_failures(run_workers(buffers_worker, 2))
 
 
+def buffers_on_a_subgroup_worker(rank, world_size):
+    """Ranks 0 and 1 train on a group of their own while rank 2 never calls
+    dearcomm: the buffers' own group is made by the training group's ranks
+    alone, goes over its own connections (not the training group, where the
+    engine's gradients queue) and is destroyed by close()."""
+    failures = {}
+    group = dist.new_group([0, 1])  # every rank takes part in making it, as torch asks
+    if rank < 2:
+        torch.manual_seed(0)
+        model = BatchNormNet()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = dearcomm.wrap(model, optimizer, schedule="dear", process_group=group)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            F.cross_entropy(model(torch.randn(4, 3, 6, 6, generator=g)), torch.randint(0, 3, (4,), generator=g)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.sync()
+        channel = model._dear._buffer_group
+        try:
+            assert channel is not None and channel is not group, "the buffers went over the training group"
+            assert dist.get_process_group_ranks(channel) == [0, 1], dist.get_process_group_ranks(channel)
+            running = [torch.zeros_like(model.bn.running_mean) for _ in range(2)]
+            dist.all_gather(running, model.bn.running_mean, group=group)
+            # the last forward started from rank 0's statistics, then each rank added its own batch's
+            assert not torch.equal(running[0], running[1]), "the ranks' batches should differ"
+        except AssertionError as e:
+            failures["channel"] = str(e)
+        model.close()
+        if channel in dist.distributed_c10d._world.pg_map:
+            failures["close"] = "close() left the buffers' group behind"
+    dist.barrier()
+    return failures
+
+
+def test_buffers_on_a_subgroup_use_their_own_group():
+    assert_no_failures(run_workers(buffers_on_a_subgroup_worker, 3))
+
+
 # ---- item 1: parameters read without calling their module -----------------------------
 
 class ReadsChildWeights(nn.Module):
