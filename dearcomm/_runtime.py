@@ -196,16 +196,19 @@ class DearRuntime:
         over the training group in issue order, so a broadcast there waits
         behind every send queued before it: deft's delayed all-reduce, dear's
         all-gathers (GPT's 16 KiB mask cost deft 1.28x per iteration at
-        1 Gbit/s; benchmarks/buffer_broadcast.py). A group of the same ranks,
-        in the same order, has connections of its own. Created by the ranks
-        of the training group alone (the first training forward is collective
-        on them anyway); on CUDA the engine has its own communicators."""
+        1 Gbit/s; benchmarks/buffer_broadcast.py). A group of the same ranks
+        has connections of its own. Created by the training group's ranks
+        alone (the first training forward is collective on them anyway); a
+        training group whose ranks are not in ascending order keeps its own
+        (new_group would renumber them); on CUDA the engine has its own
+        communicators."""
         if self._buffer_group is None:
             self._buffer_group = self.group
-            if self._buffers[0].device.type == "cpu" and self.world_size > 1:
-                self._buffer_group = dist.new_group(
-                    dist.get_process_group_ranks(self.group), timeout=self.timeout, backend="gloo",
-                    use_local_synchronization=True, sort_ranks=False, group_desc="dearcomm buffers")
+            ranks = dist.get_process_group_ranks(self.group)
+            if self._buffers[0].device.type == "cpu" and self.world_size > 1 and ranks == sorted(ranks):
+                # sorted: new_group orders its ranks so, and rank 0 must stay the source
+                self._buffer_group = dist.new_group(ranks, timeout=self.timeout, backend="gloo",
+                                                    use_local_synchronization=True, group_desc="dearcomm buffers")
                 self._close_buffer_group = weakref.finalize(self, _destroy_group, self._buffer_group)
                 self._close_buffer_group.atexit = False  # at exit the default group may be gone
         return self._buffer_group
