@@ -2,7 +2,7 @@
 # Every schedule side by side (ddp, wfbp, dear-sharded, dear-replicated,
 # bytescheduler; each dearcomm one with and without partitioning; bytescheduler
 # at several credits on the MLPs) at an emulated 1 Gbit/s, 2 and 4 ranks, plus
-# the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
+# the same models on loopback and the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
 # "Schedules side by side at 1 Gbit/s".
 #   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
 #   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~1 h): see below
@@ -54,5 +54,15 @@ net 4 gpt-1gbit-4 --model gpt --batch 8 --partition-mb 4
 net 2 resnet-1gbit-2 --model resnet --batch 32 --partition-mb 0.25 --timeline "$out/timeline-resnet-1gbit-2"
 net 4 resnet-1gbit-4 --model resnet --batch 32 --partition-mb 0.25
 net 2 widein-b1024-1gbit-2 --model widein --batch 1024 --partition-mb 4
+# Loopback, 2 ranks (no emulated link): the prediction check where iterations are 5-10x shorter.
+loop() {
+  local name=$1; shift; want "$name" || return 0; name=$name${SUFFIX:-}
+  run "$name" $torchrun --standalone --nproc_per_node=2 benchmarks/train_bench.py "$@" \
+    --iters ${ITERS:-3} --rounds ${ROUNDS:-2} --json "$out/$name.json"
+}
+loop mlp-loopback-2 --model mlp --batch 256 --partition-mb 4
+loop widein-loopback-2 --model widein --batch 128 --partition-mb 4
+loop gpt-loopback-2 --model gpt --batch 8 --partition-mb 4
+loop resnet-loopback-2 --model resnet --batch 32 --partition-mb 0.25
 # Engine overhead on loopback, compute-bound (target <= 1.05x DDP), bytescheduler included.
 if want overhead; then run overhead $torchrun --nproc_per_node=2 benchmarks/overhead.py --json "$out/overhead.json"; fi
