@@ -49,8 +49,8 @@ def main():
         model, optimizer = dearcomm.wrap(model, optimizer, schedule=args.schedule, partition_mb=args.partition_mb,
                                          broadcast_buffers=broadcast)
         runs[f"broadcast_buffers={broadcast}"] = (model, optimizer, [])
-    buffers = sum(b.numel() * b.element_size() for b in MODELS[args.model]().buffers())
-    x, y = MODELS[args.model]().batch(args.batch, torch.Generator().manual_seed(rank))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    x, y = model.batch(args.batch, torch.Generator().manual_seed(rank))
     for round_ in range(args.rounds):
         for model, optimizer, times in runs.values():
             for i in range(args.iters + (WARMUP if round_ == 0 else 0)):

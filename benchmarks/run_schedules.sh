@@ -4,8 +4,8 @@
 # at several credits on the MLPs) at an emulated 1 Gbit/s, 2 and 4 ranks, plus
 # the same models on loopback and the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
 # "Schedules side by side at 1 Gbit/s".
-#   bash benchmarks/run_schedules.sh [OUT]      # ~40 min on 2 cores; OUT default results/schedules
-#   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~1 h): see below
+#   bash benchmarks/run_schedules.sh [OUT]      # OUT default results/schedules
+#   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~95 min: 75 netlab, 20 loopback): see below
 # Each run is timed over ROUNDS (default 2) rounds of ITERS (3) iterations,
 # interleaved with the row's other runs. Over 2 rounds the same schedule in two
 # runs of a row (ddp, wfbp) measured up to 12% apart, over 8 within 1.7% on 8
@@ -54,7 +54,7 @@ net 4 gpt-1gbit-4 --model gpt --batch 8 --partition-mb 4
 net 2 resnet-1gbit-2 --model resnet --batch 32 --partition-mb 0.25 --timeline "$out/timeline-resnet-1gbit-2"
 net 4 resnet-1gbit-4 --model resnet --batch 32 --partition-mb 0.25
 net 2 widein-b1024-1gbit-2 --model widein --batch 1024 --partition-mb 4
-# Loopback, 2 ranks (no emulated link): the prediction check where iterations are 5-10x shorter.
+# Loopback, 2 ranks (no emulated link): the prediction check where the cores, not the link, are shared.
 loop() {
   local name=$1; shift; want "$name" || return 0; name=$name${SUFFIX:-}
   run "$name" $torchrun --standalone --nproc_per_node=2 benchmarks/train_bench.py "$@" \
