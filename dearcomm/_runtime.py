@@ -45,6 +45,7 @@ from . import _C, _cuda
 from ._options import WrapOptions
 from ._delayed import DelayedUpdates
 from ._delays import bucket_delays
+from ._engine_group import engine_group
 from ._priorities import bucket_priorities
 from .overlap import OverlapMonitor
 from ._update import strategy_class
@@ -152,8 +153,7 @@ class DearRuntime:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._buffers = [b for b in module.buffers()]
         self._buffers_due = True  # the next training forward broadcasts them
-        self._buffer_group: Optional[dist.ProcessGroup] = None  # _buffer_channel(), at the first broadcast
-        self._close_buffer_group: Optional[weakref.finalize] = None
+        self._engine_group: Optional[dist.ProcessGroup] = None  # the CPU engine's connections (_engine_group.py)
         if options.broadcast_buffers and self._buffers:
             self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
 
@@ -188,30 +188,8 @@ class DearRuntime:
         if not (module.training and torch.is_grad_enabled()) or self.planning:
             return
         if self._buffers_due:
-            dist._broadcast_coalesced(self._buffer_channel(), self._buffers, _BUFFER_BROADCAST_BYTES, 0)
+            dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
         self._buffers_due = self.sync_gradients
-
-    def _buffer_channel(self) -> dist.ProcessGroup:
-        """The group the buffers go over. On a CPU the engine sends gradients
-        over the training group in issue order, so a broadcast there waits
-        behind every send queued before it: deft's delayed all-reduce, dear's
-        all-gathers (GPT's 16 KiB mask cost deft 1.28x per iteration at
-        1 Gbit/s; benchmarks/buffer_broadcast.py). A group of the same ranks
-        has connections of its own. Created by the training group's ranks
-        alone (the first training forward is collective on them anyway); a
-        training group whose ranks are not in ascending order keeps its own
-        (new_group would renumber them); on CUDA the engine has its own
-        communicators."""
-        if self._buffer_group is None:
-            self._buffer_group = self.group
-            ranks = dist.get_process_group_ranks(self.group)
-            if self._buffers[0].device.type == "cpu" and self.world_size > 1 and ranks == sorted(ranks):
-                # sorted: new_group orders its ranks so, and rank 0 must stay the source
-                self._buffer_group = dist.new_group(ranks, timeout=self.timeout, backend="gloo",
-                                                    use_local_synchronization=True, group_desc="dearcomm buffers")
-                self._close_buffer_group = weakref.finalize(self, _destroy_group, self._buffer_group)
-                self._close_buffer_group.atexit = False  # at exit the default group may be gone
-        return self._buffer_group
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:
@@ -393,6 +371,8 @@ class DearRuntime:
         )
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
+        if backend is None and self._engine_group is None:
+            self._engine_group = engine_group(self.group, self.timeout)  # kept when auto rebuilds the engine
         choice = self.options.choice
         if self.options.priorities:
             ranks = [self.options.priorities.get(name) for name in names]
@@ -401,7 +381,7 @@ class DearRuntime:
             choice = choice.with_bucket_delays(
                 bucket_delays(layout, [self.options.delays.get(name, 0) for name in names], names))
         self.engine = _C.Engine(
-            layout, self.params, names, self.group,
+            layout, self.params, names, self.group if backend is not None else self._engine_group,
             choice, self.timeout.total_seconds(), backend, self.options.comm_dtype,
             grad_views_enabled(),
         )
@@ -524,21 +504,10 @@ class DearRuntime:
         self._forward_handles.clear()
         self._handles.clear()
         self.engine = None
-        if self._close_buffer_group is not None:
-            self._close_buffer_group()
+        self._engine_group = None  # its connections go with the engine
         self.closed = True
         self.on_engine_built.clear()
         self._update_hooks.clear()
-
-
-def _destroy_group(group: dist.ProcessGroup) -> None:
-    """A group this runtime made, once it is closed or collected: its
-    connections and threads go (destroying a subgroup is local)."""
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group(group)
-    except (RuntimeError, ValueError) as e:  # already gone with the default group
-        logger.debug("dearcomm: the buffer group was already destroyed: %s", e)
 
 
 def _drain(engine: _C.Engine) -> None:

@@ -4,6 +4,7 @@ BatchNorm buffers, a dropped model. Each against a single-process reference on
 the global batch (or torch DDP where buffers make that the yardstick), after a
 normal loop: no sync() between steps."""
 import copy
+import datetime
 import gc
 import io
 import weakref
@@ -309,11 +310,14 @@ def test_buffers_follow_ddp_broadcast_buffers():
     assert_no_failures(run_workers(buffers_worker, 2))
 
 
-def buffers_on_a_subgroup_worker(rank, world_size):
+def engine_group_worker(rank, world_size):
     """Ranks 0 and 1 train on a group of their own while rank 2 never calls
-    dearcomm: the buffers' own group is made by the training group's ranks
-    alone, goes over its own connections (not the training group, where the
-    engine's gradients queue) and is destroyed by close()."""
+    dearcomm. The CPU engine sends over connections of its own, so the
+    training group carries only what the loop sends (here a logging
+    all-reduce of the loss after each step, and the buffers' broadcast):
+    nothing there waits behind the all-gathers step() issued. Made by the
+    training group's ranks alone, it leaves c10d's groups as they were: a
+    group every rank makes afterwards still connects."""
     failures = {}
     group = dist.new_group([0, 1])  # every rank takes part in making it, as torch asks
     if rank < 2:
@@ -322,30 +326,41 @@ def buffers_on_a_subgroup_worker(rank, world_size):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model, optimizer = dearcomm.wrap(model, optimizer, schedule="dear", process_group=group)
         g = torch.Generator().manual_seed(rank)
-        for _ in range(3):
-            F.cross_entropy(model(torch.randn(4, 3, 6, 6, generator=g)), torch.randint(0, 3, (4,), generator=g)).backward()
+        for step in range(3):
+            loss = F.cross_entropy(model(torch.randn(4, 3, 6, 6, generator=g)), torch.randint(0, 3, (4,), generator=g))
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            logged = torch.stack([loss.detach(), torch.tensor(float(rank))])
+            dist.all_reduce(logged, group=group)  # the all-gathers are in flight
+            if logged[1].item() != 1.0:
+                failures[f"step {step}"] = f"the loss all-reduce summed the ranks to {logged[1].item()}, not 1"
         model.sync()
-        channel = model._dear._buffer_group
+        runtime = model._dear
+        engine = runtime._engine_group
         try:
-            assert channel is not None and channel is not group, "the buffers went over the training group"
-            assert dist.get_process_group_ranks(channel) == [0, 1], dist.get_process_group_ranks(channel)
+            assert engine is not None and engine is not group, "the engine sends over the training group"
+            assert (engine.rank(), engine.size()) == (rank, 2), (engine.rank(), engine.size())
+            assert engine not in dist.distributed_c10d._world.pg_map, "the engine's group is in c10d's registry"
             running = [torch.zeros_like(model.bn.running_mean) for _ in range(2)]
             dist.all_gather(running, model.bn.running_mean, group=group)
             # the last forward started from rank 0's statistics, then each rank added its own batch's
             assert not torch.equal(running[0], running[1]), "the ranks' batches should differ"
         except AssertionError as e:
-            failures["channel"] = str(e)
+            failures["engine group"] = str(e)
         model.close()
-        if channel in dist.distributed_c10d._world.pg_map:
-            failures["close"] = "close() left the buffers' group behind"
-    dist.barrier()
+        if runtime._engine_group is not None:
+            failures["close"] = "close() kept the engine's group"
+    everyone = dist.new_group([0, 1, 2], timeout=datetime.timedelta(seconds=30))
+    total = torch.ones(1)
+    dist.all_reduce(total, group=everyone)
+    if total.item() != 3:
+        failures["new group"] = f"a group of every rank made after training summed to {total.item()}"
     return failures
 
 
-def test_buffers_on_a_subgroup_use_their_own_group():
-    assert_no_failures(run_workers(buffers_on_a_subgroup_worker, 3))
+def test_the_cpu_engine_sends_over_a_group_of_its_own():
+    assert_no_failures(run_workers(engine_group_worker, 3))
 
 
 # ---- item 1: parameters read without calling their module -----------------------------
