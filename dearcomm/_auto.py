@@ -21,8 +21,9 @@ At the first training forward, before any gradient is communicated:
      that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure), then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
-     fastest and of any other within REFINE_WITHIN of the fastest (a
-     family's runners-up differ from its best in partition size
+     fastest, of any other within REFINE_WITHIN of the fastest and of any
+     whose trial measured REFINE_MISPRICED slower than predicted than the
+     others' did (a family's runners-up differ from its best in partition size
      first: the simulator errs more on how finely to cut than on bucket
      sizes). The shortlist always holds the reference, DDP's layout (wfbp,
      25 MiB buckets, no partitions; for options the user fixed, those):
@@ -93,9 +94,18 @@ the fastest: trials of TRIAL_STEPS steps differ by a few percent from noise
 alone (widein at 4 ranks: dear sharded 437 ms against wfbp's 427 in their
 trials, 411 against 455 timed over more steps), so such a family is not
 known to be slower."""
+REFINE_MISPRICED = 0.10
+"""...and of every family whose trial measured this fraction slower, against
+its prediction, than the median family's did: the simulator priced that
+family's best wrongly, so it may have ranked the family's other layouts
+wrongly too (GPT at 4 ranks: dear sharded's trial, 1 MiB buckets, measured
+1.09x its prediction against 0.84-0.96x for the other families; its 4 MiB
+partitions, never measured, were the fastest fixed run, 1.17x DDP against
+auto's 1.09x)."""
 REFINE_MAX_FAMILIES = 3
-"""At most this many families refined: on a compute-bound job every family
-measures within noise of the others."""
+"""At most this many families refined (the fastest first, then the
+mispriced): on a compute-bound job every family measures within noise of
+the others."""
 TRIAL_STEPS = 3
 """Steps measured per candidate, after one that rebuilds its buckets."""
 CONFIRM_CONTENDERS = 2
@@ -575,22 +585,42 @@ def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotun
 
 
 def _refined(plan: AutoPlan) -> AutoPlan:
-    """After the first round: the runners-up of the fastest measured families
-    (REFINE_FAMILIES, and any other within REFINE_WITHIN of the fastest,
-    REFINE_MAX_FAMILIES at most) join the shortlist."""
+    """After the first round: the runners-up of the REFINE_FAMILIES fastest
+    measured families, then of those whose trial was mispriced, then of any
+    other within REFINE_WITHIN of the fastest, join the shortlist
+    (REFINE_MAX_FAMILIES families at most; a family with no runner-up left
+    to measure, such as a planner's, is passed over)."""
+    measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
+    left: Dict[Tuple[Any, Any], Tuple] = {}
+    for candidate in plan.runners_up:
+        if candidate[0] not in measured:
+            left.setdefault(_family(candidate[0]), ())
+            left[_family(candidate[0])] += (candidate,)
     families = []  # by their fastest measured candidate, fastest first
     for i in sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i]):
         family = _family(plan.shortlist[i][0])
         if family not in (f for f, _ in families):
             families.append((family, plan.measured_ms[i]))
     best = families[0][1] if families else 0.0
-    chosen = [f for k, (f, ms) in enumerate(families)
-              if k < REFINE_FAMILIES or ms <= best * (1 + REFINE_WITHIN)][:max(REFINE_FAMILIES, REFINE_MAX_FAMILIES)]
-    measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
-    extra = ()
-    for family in chosen:
-        extra += tuple(c for c in plan.runners_up if _family(c[0]) == family and c[0] not in measured)[:REFINE_TRIALS]
+    open_ = [(f, ms) for f, ms in families if f in left]
+    order = [f for f, _ in open_[:REFINE_FAMILIES]] + [f for f in _mispriced(plan) if f in left] + \
+        [f for f, ms in open_[REFINE_FAMILIES:] if ms <= best * (1 + REFINE_WITHIN)]
+    refined = list(dict.fromkeys(order))[:max(REFINE_FAMILIES, REFINE_MAX_FAMILIES)]
+    extra = tuple(c for family in refined for c in left[family][:REFINE_TRIALS])
     return dataclasses.replace(plan, shortlist=plan.shortlist + extra, refined=True)
+
+
+def _mispriced(plan: AutoPlan) -> List[Tuple[Any, Any]]:
+    """The families whose trial (their first measured candidate) took more
+    than 1 + REFINE_MISPRICED times the median family's measured ÷ predicted."""
+    ratio: Dict[Tuple[Any, Any], float] = {}
+    for (options, predicted), measured in zip(plan.shortlist, plan.measured_ms):
+        if predicted > 0:
+            ratio.setdefault(_family(options), measured / predicted)
+    if len(ratio) < 3:
+        return []  # no median to speak of
+    typical = statistics.median(ratio.values())
+    return [f for f, r in sorted(ratio.items(), key=lambda item: -item[1]) if r > typical * (1 + REFINE_MISPRICED)]
 
 
 def surrogate_loss(output: Any) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _C
 from ._options import PLANNED_SCHEDULES
-from .prediction import Network, simulate
+from .prediction import Network, bucket_layout, simulate
 
 BUCKET_MB = (25.0, 1.0, 4.0, 8.0, 64.0, math.inf)
 PARTITION_MB = (None, 1.0, 4.0, 16.0)
@@ -97,7 +97,8 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
          updates: Optional[Sequence[str]] = None, bucket_mb: Sequence[float] = BUCKET_MB, partition_mb: Sequence[Optional[float]] = PARTITION_MB,
          credit_mb: Sequence[Optional[float]] = CREDIT_MB, step_ms: Optional[float] = None,
          iterations: int = 3) -> Plan:
-    """Simulates every candidate (see the module's docstring) and returns the
+    """Simulates every candidate (see the module's docstring), one per
+    distinct bucket layout of a schedule, update and credit, and returns the
     fastest with its prediction and the default's. ``profile``,
     ``network``, ``step_ms`` and ``iterations`` as in dearcomm.simulate;
     ``schedules`` and ``updates`` restrict the search (default: every
@@ -107,9 +108,16 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
     run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
     seen: Dict[Tuple, Candidate] = {}
+    layouts = set()
     for options in _grid(schedules, updates, bucket_mb, partition_mb, credit_mb):
         key = tuple(options[k] for k in _OPTION_ORDER)
-        if key not in seen:
+        # Sizes that lay out the same buckets train alike: the first in grid
+        # order stands for them (GPT: 24 bucket x partition sizes, 7 layouts),
+        # so no trial of auto measures one layout twice.
+        layout = (options["schedule"], options["update"], options["credit_mb"],
+                  bucket_layout(profile, world_size=world_size, **options).describe())
+        if layout not in layouts:
+            layouts.add(layout)
             seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)
     defaults = dict(DEFAULT_OPTIONS)
     default = seen.get(tuple(defaults[k] for k in _OPTION_ORDER))  # the grid's first entry when dear is searched

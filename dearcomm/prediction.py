@@ -164,7 +164,6 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
 
     if isinstance(profile, TrainingProfile):
         step_ms = profile.step_ms if step_ms is None else step_ms
-        profile = profile.for_simulation()
     step_ms = 0.0 if step_ms is None else step_ms
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb, comm_dtype=comm_dtype, max_delay=max_delay)
@@ -175,21 +174,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not isinstance(network, Network):
         raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
     _check_number("step_ms", step_ms, allow_zero=True)
-    numels, dtypes, modules = [], [], []
-    for m in profile:
-        if not isinstance(m, ModuleProfile):
-            raise TypeError(f"dearcomm: the profile holds ModuleProfile entries, got {type(m).__name__}")
-        _check_number(f"module {m.name!r} forward_ms", m.forward_ms, allow_zero=True)
-        _check_number(f"module {m.name!r} backward_ms", m.backward_ms, allow_zero=True)
-        for n in m.param_numels:
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"dearcomm: module {m.name!r} has a parameter of {n!r} elements; expected an int >= 1")
-        first = len(numels)
-        numels += list(m.param_numels)
-        dtypes += [m.dtype] * len(m.param_numels)
-        modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
-    if not numels:
-        raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
+    numels, dtypes, modules = _modules(profile)
     per_param = [list(b) for b in blocks] if blocks is not None else []
     if per_param and len(per_param) != len(numels):
         raise ValueError(f"dearcomm: blocks has {len(per_param)} entries; the profile has {len(numels)} parameters")
@@ -224,3 +209,41 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
                 for k, v in d.items()}
     return Prediction(iteration_ms=raw["iteration_s"] * ms, ops=[in_ms(op) for op in raw["ops"]],
                       spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout)
+
+
+def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, float, float, List[int]]]]:
+    """A profile's parameters (numels, dtypes, in forward order) and modules
+    (name, forward s, backward s, their parameters' positions), checked."""
+    from .profiler import TrainingProfile
+
+    if isinstance(profile, TrainingProfile):
+        profile = profile.for_simulation()
+    numels, dtypes, modules = [], [], []
+    for m in profile:
+        if not isinstance(m, ModuleProfile):
+            raise TypeError(f"dearcomm: the profile holds ModuleProfile entries, got {type(m).__name__}")
+        _check_number(f"module {m.name!r} forward_ms", m.forward_ms, allow_zero=True)
+        _check_number(f"module {m.name!r} backward_ms", m.backward_ms, allow_zero=True)
+        for n in m.param_numels:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"dearcomm: module {m.name!r} has a parameter of {n!r} elements; expected an int >= 1")
+        first = len(numels)
+        numels += list(m.param_numels)
+        dtypes += [m.dtype] * len(m.param_numels)
+        modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
+    if not numels:
+        raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
+    return numels, dtypes, modules
+
+
+def bucket_layout(profile, *, world_size: int, schedule: str = "dear", update: Optional[str] = None,
+                  bucket_mb: float = 25.0, partition_mb: Optional[float] = None,
+                  credit_mb: Optional[float] = None):
+    """The buckets (a dearcomm._C.BucketLayout) that simulate() and wrap()
+    lay out with these options over the profile's parameters: options that
+    lay out the same buckets train alike under one schedule (autotune.plan
+    simulates one of them)."""
+    numels, dtypes, _ = _modules(profile)
+    options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
+                          credit_mb=credit_mb)
+    return _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes, [])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dearcomm
-from dearcomm import _auto
+from dearcomm import _auto, autotune
 from dearcomm._auto import surrogate_loss
 from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
@@ -36,6 +36,10 @@ def _auto_worker(rank, world_size):
     _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
     _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.REFINE_TRIALS, _auto.REFINE_FAMILIES, _auto.TRIAL_STEPS = 1, 2, 1, 1, 1
     _auto.CONFIRM_ROUNDS, _auto.REFINE_MAX_FAMILIES = 1, 1  # one family refined, however close the others measured
+    # MixedNet's 2 KiB fit one bucket at every size of the default grid, and
+    # sizes that lay out the same buckets are one candidate: 0.5 KiB buckets
+    # give every family a second layout.
+    autotune.BUCKET_MB = (25.0, 0.0005)
     torch.manual_seed(0)
     model = MixedNet()
     slow = 0.002 * rank  # ranks measure different compute times: only rank 0's may decide
@@ -95,13 +99,12 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
             dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None), "the reference: DDP's layout"
         first_round = 2 if reference < 2 else 3  # the two families' best, and the reference unless one of them
         assert reference <= 2 and len({family(o) for o, _ in shortlist[:2]}) == 2
-        fastest_first = min(range(first_round), key=lambda i: measured[i])
-        if shortlist[fastest_first][0]["schedule"] == "usbyte":  # one candidate, its planner's: no runner-up
-            assert len(shortlist) == first_round
-        else:
-            assert len(shortlist) == first_round + 1, "then the fastest family's runner-up"
-            assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"
-            assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
+        # usbyte has one candidate, its planner's: the fastest family with a runner-up left is refined
+        fastest_first = min((i for i in range(first_round) if shortlist[i][0]["schedule"] != "usbyte"),
+                            key=lambda i: measured[i])
+        assert len(shortlist) == first_round + 1, "then the fastest family's runner-up"
+        assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"
+        assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
         best = min(range(len(measured)), key=lambda i: measured[i])
         if best == reference:
             assert confirmations == () and (options, predicted) == shortlist[reference]
@@ -254,6 +257,34 @@ def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monke
     # ... which, raised, lets it in.
     monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 4)
     assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added + ["usbyte"]
+
+
+def test_a_family_whose_trial_was_mispriced_is_refined_too(monkeypatch):
+    monkeypatch.setattr(_auto, "REFINE_FAMILIES", 2)
+    monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
+    monkeypatch.setattr(_auto, "REFINE_WITHIN", 0.05)
+    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 3)
+    monkeypatch.setattr(_auto, "REFINE_MISPRICED", 0.10)
+    # GPT at 4 ranks, 1 Gbit/s: (schedule, update, predicted, measured) of the first round's trials.
+    trials = [("dear", "sharded", 899.7, 979.4), ("usbyte", "replicated", 919.8, 833.6),
+              ("dear", "replicated", 920.0, 879.5), ("bytescheduler", "replicated", 921.1, 806.0),
+              ("wfbp", "replicated", 921.1, 845.2)]
+    shortlist = tuple((_candidate(p, schedule=s, update=u).options, p) for s, u, p, _ in trials)
+    runners_up = tuple((_candidate(930.0, schedule=s, update=u, partition_mb=4.0).options, 930.0)
+                       for s, u, _, _ in trials if s != "usbyte")  # usbyte's planner gives one candidate
+    plan = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=899.7, default_ms=950.0, candidates=5, step=0,
+                          reason="test", network=None, profile=None, shortlist=shortlist, runners_up=runners_up,
+                          measured_ms=tuple(m for *_, m in trials), reference=4)
+    # dear sharded took 1.089x its prediction, the others 0.875-0.956x (median 0.918)
+    assert _auto._mispriced(plan) == [("dear", "sharded")]
+    added = [(o["schedule"], o["update"]) for o, _ in _auto._refined(plan).shortlist[len(shortlist):]]
+    # bytescheduler and wfbp (the fastest), then dear sharded; usbyte, within 5%, has no runner-up
+    assert added == [("bytescheduler", "replicated"), ("wfbp", "replicated"), ("dear", "sharded")]
+    # Priced like the others: not refined.
+    fair = dataclasses.replace(plan, measured_ms=(880.0, *plan.measured_ms[1:]))  # 1.065x the median ratio
+    assert _auto._mispriced(fair) == []
+    assert ("dear", "sharded") not in [(o["schedule"], o["update"]) for o, _ in
+                                       _auto._refined(fair).shortlist[len(shortlist):]]
 
 
 def test_the_reference_is_ddps_layout_or_the_users_own_options():

@@ -6,6 +6,7 @@ import pytest
 
 import dearcomm
 from dearcomm import ModuleProfile, Network
+from dearcomm.prediction import bucket_layout
 
 MIB = 1 << 20
 # Backward about as long as the all-reduce at 1 Gbit/s, a 16 MiB first layer.
@@ -52,7 +53,27 @@ def test_deterministic_and_restricted():
     b = dearcomm.plan(PROFILE, world_size=8, network=SLOW, schedules=["wfbp"], bucket_mb=[25.0, 4.0])
     assert a.options == b.options and [c.options for c in a.candidates] == [c.options for c in b.candidates]
     assert {c.options["schedule"] for c in a.candidates} == {"wfbp"}
-    assert len(a.candidates) == 2 * len(dearcomm.autotune.PARTITION_MB)
+    layouts = {bucket_layout(PROFILE, world_size=8, schedule="wfbp", bucket_mb=b, partition_mb=p).describe()
+               for b in (25.0, 4.0) for p in dearcomm.autotune.PARTITION_MB}
+    assert len(a.candidates) == len(layouts) > 1
+
+
+def test_sizes_that_lay_out_the_same_buckets_are_one_candidate():
+    # 28 MiB in all: 64 MiB buckets and unbounded ones both hold everything in one.
+    p = dearcomm.plan(PROFILE, world_size=4, network=SLOW, schedules=["wfbp"], bucket_mb=[64.0, math.inf],
+                      partition_mb=[None])
+    assert [c.options["bucket_mb"] for c in p.candidates] == [64.0], "the first in grid order stands for both"
+    full = dearcomm.plan(PROFILE, world_size=4, network=SLOW)
+
+    def layout(options):
+        return (options["schedule"], options["update"], options["credit_mb"],
+                bucket_layout(PROFILE, world_size=4, **options).describe())
+    kept = [layout(c.options) for c in full.candidates]
+    assert len(kept) == len(set(kept)), "one layout simulated twice"
+    grid = {layout(o) for o in dearcomm.autotune._grid(None, None, dearcomm.autotune.BUCKET_MB,
+                                                       dearcomm.autotune.PARTITION_MB, dearcomm.autotune.CREDIT_MB)}
+    assert set(kept) == grid and len(grid) < len(dearcomm.autotune._grid(
+        None, None, dearcomm.autotune.BUCKET_MB, dearcomm.autotune.PARTITION_MB, dearcomm.autotune.CREDIT_MB))
 
 
 def test_a_faster_network_leaves_less_to_gain():
