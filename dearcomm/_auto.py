@@ -60,7 +60,7 @@ from torch import nn
 from . import autotune, deft
 from ._options import WrapOptions
 from .contention import measure_contention
-from .prediction import Network
+from .prediction import Network, bucket_layout
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
 from .usbyte import plan_job
@@ -160,7 +160,8 @@ class AutoPlan:
     runners_up: Tuple[Tuple[Dict[str, Any], float], ...] = ()
     """Per family (schedule, update), its next best predicted candidates: the
     refinement measures REFINE_TRIALS of each of the fastest families'
-    (REFINE_FAMILIES, and others within REFINE_WITHIN, REFINE_MAX_FAMILIES at most)."""
+    (REFINE_FAMILIES, then the mispriced, then others within REFINE_WITHIN,
+    REFINE_MAX_FAMILIES at most)."""
     refined: bool = False
     measured_ms: Tuple[float, ...] = ()
     """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
@@ -527,8 +528,12 @@ def _with_deft(result: autotune.Plan, profile: TrainingProfile, network: Network
     """The simulated candidates and DeFT's plan for each bucket size
     (dearcomm.deft.plan_job: the delays that hide the most, least stale),
     fastest first."""
-    added = []
+    added, layouts = [], set()
     for bucket_mb in bucket_sizes:
+        layout = bucket_layout(profile, world_size=runtime.world_size, schedule="deft", bucket_mb=bucket_mb).describe()
+        if layout in layouts:
+            continue  # the same buckets, the same delays: one candidate (as autotune.plan)
+        layouts.add(layout)
         job = deft.plan_job(profile, network, runtime.world_size, bucket_mb=bucket_mb,
                             comm_dtype=runtime.options.comm_dtype, max_delay=max_delay)
         added.append(autotune.Candidate(dict(job.wrap_options(), schedule="deft", update="replicated",

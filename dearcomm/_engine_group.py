@@ -16,38 +16,40 @@ must be called by every rank of the world (a subgroup's engine is made by
 its ranks alone), and ``new_group(use_local_synchronization=True)``
 advances c10d's group counter on the calling ranks only, after which a group
 made by every rank gets a different name on each and its rendezvous waits
-until it times out. Its connections and threads go with the engine.
+until it times out. The runtime keeps it across rebuilds of its engine
+(auto) until close() or until it is collected.
 """
 from __future__ import annotations
 
 import datetime
-import itertools
 import logging
-from typing import Dict
 
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger("dearcomm")
+from ._rank0 import rank0s
 
-_made: Dict[str, "itertools.count[int]"] = {}
-"""Per training group (by name), how many engine groups this process made on
-it: every rank of the group makes them in the same order (at the first
-training forward of each model), so the count names each on all of them."""
+logger = logging.getLogger("dearcomm")
 
 
 def engine_group(group: dist.ProcessGroup, timeout: datetime.timedelta) -> dist.ProcessGroup:
-    """A gloo group over ``group``'s ranks for the CPU engine's collectives;
-    ``group`` itself where it has a single rank or c10d holds no store for it
-    (a group made outside ``dist.new_group``)."""
-    if dist.get_world_size(group) == 1:
+    """A gloo group over ``group``'s ranks for the CPU engine's collectives,
+    where ``group`` is a gloo group of more than one rank whose store c10d
+    holds; ``group`` itself otherwise (MPI, UCC or another CPU backend keeps
+    its own transport). A collective on ``group``: its ranks call it when
+    they build their engine."""
+    if dist.get_world_size(group) == 1 or not isinstance(group._get_backend(torch.device("cpu")),
+                                                         dist.ProcessGroupGloo):
         return group
     try:
         store = dist.distributed_c10d._get_process_group_store(group)
     except KeyError:
         logger.debug("dearcomm: no store for the training group; the engine sends over it")
         return group
-    number = next(_made.setdefault(group.group_name, itertools.count()))
+    # Rank 0 numbers it and every rank takes rank 0's number: processes that
+    # made different numbers of engines before (a rank restarted in place,
+    # models built in another order) still meet under one key.
+    number = rank0s(store.add("dearcomm/engine/made", 1) if dist.get_rank(group) == 0 else None, group)
     store = dist.PrefixStore(f"dearcomm/engine/{number}/", store)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)  # connects to every rank of the group

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import _C
 from ._options import PLANNED_SCHEDULES
 from .prediction import Network, bucket_layout, simulate
+from .profiler import TrainingProfile
 
 BUCKET_MB = (25.0, 1.0, 4.0, 8.0, 64.0, math.inf)
 PARTITION_MB = (None, 1.0, 4.0, 16.0)
@@ -106,16 +107,19 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
     for name, values in (("bucket_mb", bucket_mb), ("partition_mb", partition_mb), ("credit_mb", credit_mb)):
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
+    if not isinstance(network, Network):
+        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
     run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
     seen: Dict[Tuple, Candidate] = {}
     layouts = set()
+    modules = profile.for_simulation() if isinstance(profile, TrainingProfile) else profile  # once, for the layouts
     for options in _grid(schedules, updates, bucket_mb, partition_mb, credit_mb):
         key = tuple(options[k] for k in _OPTION_ORDER)
         # Sizes that lay out the same buckets train alike: the first in grid
         # order stands for them (GPT: 24 bucket x partition sizes, 7 layouts),
         # so no trial of auto measures one layout twice.
         layout = (options["schedule"], options["update"], options["credit_mb"],
-                  bucket_layout(profile, world_size=world_size, **options).describe())
+                  bucket_layout(modules, world_size=world_size, **options).describe())
         if layout not in layouts:
             layouts.add(layout)
             seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)

@@ -167,8 +167,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     step_ms = 0.0 if step_ms is None else step_ms
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb, comm_dtype=comm_dtype, max_delay=max_delay)
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
-        raise ValueError(f"dearcomm: world_size must be an int >= 2, got {world_size!r}")
+    _check_world_size(world_size)
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise ValueError(f"dearcomm: iterations must be an int >= 1, got {iterations!r}")
     if not isinstance(network, Network):
@@ -243,7 +242,13 @@ def bucket_layout(profile, *, world_size: int, schedule: str = "dear", update: O
     lay out with these options over the profile's parameters: options that
     lay out the same buckets train alike under one schedule (autotune.plan
     simulates one of them)."""
+    _check_world_size(world_size)
     numels, dtypes, _ = _modules(profile)
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb)
     return _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes, [])
+
+
+def _check_world_size(world_size) -> None:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
+        raise ValueError(f"dearcomm: world_size must be an int >= 2, got {world_size!r}")

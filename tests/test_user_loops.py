@@ -4,6 +4,7 @@ BatchNorm buffers, a dropped model. Each against a single-process reference on
 the global batch (or torch DDP where buffers make that the yardstick), after a
 normal loop: no sync() between steps."""
 import copy
+import dataclasses
 import datetime
 import gc
 import io
@@ -311,46 +312,58 @@ def test_buffers_follow_ddp_broadcast_buffers():
 
 
 def engine_group_worker(rank, world_size):
-    """Ranks 0 and 1 train on a group of their own while rank 2 never calls
-    dearcomm. The CPU engine sends over connections of its own, so the
-    training group carries only what the loop sends (here a logging
+    """Ranks 0 and 1 train two models on a group of their own while rank 2
+    never calls dearcomm. The CPU engine sends over connections of its own,
+    so the training group carries only what the loop sends (here a logging
     all-reduce of the loss after each step, and the buffers' broadcast):
-    nothing there waits behind the all-gathers step() issued. Made by the
-    training group's ranks alone, it leaves c10d's groups as they were: a
-    group every rank makes afterwards still connects."""
+    nothing there waits behind the all-gathers step() issued. Each model's
+    engine has its own, kept when its buckets are laid out again; made by
+    the training group's ranks alone, they leave c10d's groups as they
+    were: a group every rank makes afterwards still connects."""
     failures = {}
     group = dist.new_group([0, 1])  # every rank takes part in making it, as torch asks
     if rank < 2:
         torch.manual_seed(0)
-        model = BatchNormNet()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        model, optimizer = dearcomm.wrap(model, optimizer, schedule="dear", process_group=group)
+        models = []
+        for schedule in ("dear", "deft"):
+            model = BatchNormNet()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            models.append(dearcomm.wrap(model, optimizer, schedule=schedule, process_group=group))
         g = torch.Generator().manual_seed(rank)
-        for step in range(3):
-            loss = F.cross_entropy(model(torch.randn(4, 3, 6, 6, generator=g)), torch.randint(0, 3, (4,), generator=g))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            logged = torch.stack([loss.detach(), torch.tensor(float(rank))])
-            dist.all_reduce(logged, group=group)  # the all-gathers are in flight
-            if logged[1].item() != 1.0:
-                failures[f"step {step}"] = f"the loss all-reduce summed the ranks to {logged[1].item()}, not 1"
-        model.sync()
-        runtime = model._dear
-        engine = runtime._engine_group
+
+        def train(model, optimizer, steps):
+            for step in range(steps):
+                x, y = torch.randn(4, 3, 6, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                logged = torch.stack([loss.detach(), torch.tensor(float(rank))])
+                dist.all_reduce(logged, group=group)  # the all-gathers are in flight
+                if logged[1].item() != 1.0:
+                    failures[f"step {step}"] = f"the loss all-reduce summed the ranks to {logged[1].item()}, not 1"
+        for model, optimizer in models:
+            train(model, optimizer, 3)
+        engines = [model._dear._engine_group for model, _ in models]
         try:
-            assert engine is not None and engine is not group, "the engine sends over the training group"
-            assert (engine.rank(), engine.size()) == (rank, 2), (engine.rank(), engine.size())
-            assert engine not in dist.distributed_c10d._world.pg_map, "the engine's group is in c10d's registry"
+            for engine in engines:
+                assert engine is not None and engine is not group, "the engine sends over the training group"
+                assert (engine.rank(), engine.size()) == (rank, 2), (engine.rank(), engine.size())
+                assert engine not in dist.distributed_c10d._world.pg_map, "the engine's group is in c10d's registry"
+            assert engines[0] is not engines[1], "two models' engines share connections"
+            model, optimizer = models[0]
+            model._dear.reconfigure(dataclasses.replace(model._dear.options, bucket_mb=0.0))
+            train(model, optimizer, 2)
+            assert model._dear._engine_group is engines[0], "laying out the buckets again made new connections"
+            model.sync()
             running = [torch.zeros_like(model.bn.running_mean) for _ in range(2)]
             dist.all_gather(running, model.bn.running_mean, group=group)
             # the last forward started from rank 0's statistics, then each rank added its own batch's
             assert not torch.equal(running[0], running[1]), "the ranks' batches should differ"
         except AssertionError as e:
             failures["engine group"] = str(e)
-        model.close()
-        if runtime._engine_group is not None:
-            failures["close"] = "close() kept the engine's group"
+        for model, _ in models:
+            model.close()
     everyone = dist.new_group([0, 1, 2], timeout=datetime.timedelta(seconds=30))
     total = torch.ones(1)
     dist.all_reduce(total, group=everyone)
