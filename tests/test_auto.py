@@ -280,6 +280,10 @@ def test_a_family_whose_trial_was_mispriced_is_refined_too(monkeypatch):
     added = [(o["schedule"], o["update"]) for o, _ in _auto._refined(plan).shortlist[len(shortlist):]]
     # bytescheduler and wfbp (the fastest), then dear sharded; usbyte, within 5%, has no runner-up
     assert added == [("bytescheduler", "replicated"), ("wfbp", "replicated"), ("dear", "sharded")]
+    # The third place goes to the mispriced family before one within 5% of the fastest (wfbp, 845 ms).
+    close = dataclasses.replace(plan, measured_ms=(979.4, 833.6, 830.0, 806.0, 845.2))
+    assert [(o["schedule"], o["update"]) for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == \
+        [("bytescheduler", "replicated"), ("dear", "replicated"), ("dear", "sharded")]
     # Priced like the others: not refined.
     fair = dataclasses.replace(plan, measured_ms=(880.0, *plan.measured_ms[1:]))  # 1.065x the median ratio
     assert _auto._mispriced(fair) == []
