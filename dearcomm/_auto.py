@@ -596,11 +596,10 @@ def _refined(plan: AutoPlan) -> AutoPlan:
     (REFINE_MAX_FAMILIES families at most; a family with no runner-up left
     to measure, such as a planner's, is passed over)."""
     measured = [options for options, _ in plan.shortlist]  # the reference may be a runner-up too
-    left: Dict[Tuple[Any, Any], Tuple] = {}
+    left: Dict[Tuple[Any, Any], List] = {}  # per family, its runners-up not measured yet
     for candidate in plan.runners_up:
         if candidate[0] not in measured:
-            left.setdefault(_family(candidate[0]), ())
-            left[_family(candidate[0])] += (candidate,)
+            left.setdefault(_family(candidate[0]), []).append(candidate)
     families = []  # by their fastest measured candidate, fastest first
     for i in sorted(range(len(plan.measured_ms)), key=lambda i: plan.measured_ms[i]):
         family = _family(plan.shortlist[i][0])

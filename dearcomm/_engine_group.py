@@ -49,9 +49,9 @@ def engine_group(group: dist.ProcessGroup, timeout: datetime.timedelta) -> dist.
     # Rank 0 numbers it and every rank takes rank 0's number: processes that
     # made different numbers of engines before (a rank restarted in place,
     # models built in another order) still meet under one key.
-    number = rank0s(store.add("dearcomm/engine/made", 1) if dist.get_rank(group) == 0 else None, group)
-    store = dist.PrefixStore(f"dearcomm/engine/{number}/", store)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
+    number = rank0s(store.add("dearcomm/engine/made", 1) if rank == 0 else None, group)
+    store = dist.PrefixStore(f"dearcomm/engine/{number}/", store)
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)  # connects to every rank of the group
     engine = dist.ProcessGroup(store, rank, size)
     engine._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
