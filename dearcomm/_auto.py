@@ -59,7 +59,8 @@ from torch import nn
 
 from . import autotune, deft
 from ._options import WrapOptions
-from .contention import measure_contention
+from .contention import NotFitted, measure_contention
+from ._lockstep import PeerFailed
 from .prediction import Network, bucket_layout
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
@@ -490,6 +491,10 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
                 profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
                                         iterations=PROFILE_ITERATIONS, warmup=PROFILE_WARMUP,
                                         group=runtime.group)
+            except PeerFailed as e:  # another rank failed: raise as it does
+                if not e.value_errors:
+                    raise
+                raise ProfilingFailed(str(e)) from None
             except ValueError as e:  # e.g. a parameter without a gradient on some rank's batch
                 raise ProfilingFailed(str(e)) from None
             if device.type == "cpu":
@@ -497,7 +502,7 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
                 try:
                     measured = measure_contention(forward_backward, runtime.group, nbytes=nbytes,
                                                   iters=PROFILE_ITERATIONS)
-                except ValueError as e:  # after its collectives, so every rank is still in step
+                except NotFitted as e:  # after its collectives, so every rank is still in step
                     # A model whose collectives are too short beside its compute to time the
                     # sharing (a small model on a fast link): it hardly matters there.
                     logger.info("dearcomm: contention not measured (%s); taken as none", e)

@@ -45,6 +45,7 @@ from . import _C, _cuda
 from ._options import WrapOptions
 from ._delayed import DelayedUpdates
 from ._delays import bucket_delays
+from ._cpu_switches import check_switches
 from ._engine_group import engine_group
 from ._priorities import bucket_priorities
 from .overlap import OverlapMonitor
@@ -372,6 +373,7 @@ class DearRuntime:
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
         if backend is None and self._engine_group is None:
+            check_switches(self.group)  # the CPU backend's: they choose its collectives
             self._engine_group = engine_group(self.group, self.timeout)  # kept when auto rebuilds the engine
         choice = self.options.choice
         if self.options.priorities:

@@ -38,6 +38,8 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from ._cpu_switches import cpu_backend
+from ._lockstep import Lockstep
 from .prediction import _check_number
 
 MIN_COVERAGE = 0.5  # below it, κ's estimate divides by a small difference: too noisy to use
@@ -131,16 +133,23 @@ def _timed(compute: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def _alone(compute: Callable[[], None], group, iters: int) -> list:
+def _alone(compute: Callable[[], None], lockstep: Lockstep, iters: int) -> list:
     """``iters`` compute iterations timed alone, every rank starting each one
     together, as in training: where ranks share cores (4 ranks on 2), one
     that ran ahead would time its iteration beside fewer busy ranks (a wide
-    MLP read 46 to 132 ms)."""
+    MLP read 46 to 132 ms). A last meeting: a rank whose last iteration
+    failed tells the others there."""
     times = []
     for _ in range(iters):
-        dist.barrier(group=group)
+        lockstep.meet()
         times.append(_timed(compute))
+    lockstep.meet()
     return times
+
+
+class NotFitted(ValueError):
+    """The timings were taken, on every rank in step, but a factor could
+    not be fitted from this rank's (collectives too short beside compute)."""
 
 
 def measure_contention(compute: Callable[[], None], group: Optional[dist.ProcessGroup] = None, *,
@@ -149,9 +158,11 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     then beside back-to-back all-reduces of ``nbytes`` on dearcomm's backend
     of ``group`` run by a second thread, then alone again; and the all-reduce
     alone and beside. Every rank of the group calls it together, with the
-    same ``iters``. Returns the
-    timings (seconds) and both factors fitted (compute_slowdown κ,
-    comm_slowdown λ).
+    same ``iters``; where ``compute()`` raises on one rank, every rank raises
+    (the others a ValueError naming that rank and its error) instead of
+    waiting for it. Returns the timings (seconds) and both factors fitted
+    (compute_slowdown κ, comm_slowdown λ); NotFitted where this rank's
+    timings fit no factor, once every rank is done with the collectives.
 
     ``iters`` compute iterations are timed alone before the collectives and
     as many after, and κ's fit takes the median of both: a model's first
@@ -159,15 +170,34 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     twice after two warm-ups, then 46 ms), and an "alone" made only of those
     hides the slowdown being measured (κ read 1.00). A start slower than all
     ``iters`` iterations before still moves the median halfway."""
-    from . import _C
-
     group = group or dist.group.WORLD
     world = dist.get_world_size(group)
-    backend = _C.process_group_backend(group)
+    lockstep = Lockstep(group, torch.device("cpu"), what="measure_contention()")
+    backend = cpu_backend(group)
     buffer = torch.zeros(max(world, nbytes // 4 // world * world))
+    try:
+        timings = _measure(compute, group, lockstep, backend, buffer, iters)
+    except BaseException as e:  # the others learn it at the meeting they wait at, and raise too
+        lockstep.fail(e)
+        raise
+    try:
+        factors = dict(compute_slowdown=fit_compute_slowdown(alone_s=timings["alone_s"],
+                                                             beside=timings["beside"]).slowdown,
+                       comm_slowdown=fit_comm_slowdown(timings["comm_alone_s"], timings["comm_beside_s"]))
+    except ValueError as e:
+        raise NotFitted(str(e)) from None
+    return dict(timings, **factors)
+
+
+def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, buffer: torch.Tensor,
+             iters: int) -> dict:
+    """measure_contention's timings. Every phase in which a rank computes
+    ends at a meeting: a rank that fails in it tells the others there."""
+    from . import _C
+
     for _ in range(2):
         compute()
-    alone = _alone(compute, group, iters)
+    alone = _alone(compute, lockstep, iters)
     comm_alone = [_timed(lambda: _C.all_reduce(backend, buffer).wait()) for _ in range(3)]
     # Enough all-reduces to outlast the compute iterations on the slowest
     # rank; every rank runs the same count (same collectives, same order).
@@ -183,17 +213,17 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
                 busy.append((start, time.perf_counter()))
 
     thread = threading.Thread(target=all_reduces)
-    dist.barrier(group=group)
+    lockstep.meet()
     thread.start()
     spans = []
-    while thread.is_alive():
-        start = time.perf_counter()
-        compute()
-        spans.append((start, time.perf_counter()))
-    thread.join()
-    alone += _alone(compute, group, iters)
+    try:
+        while thread.is_alive():
+            start = time.perf_counter()
+            compute()
+            spans.append((start, time.perf_counter()))
+    finally:  # the other ranks' threads run as many all-reduces: this one must too
+        thread.join()
+    alone += _alone(compute, lockstep, iters)
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
-    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
-                compute_slowdown=fit_compute_slowdown(alone_s=alone, beside=beside).slowdown,
-                comm_slowdown=fit_comm_slowdown(comm_alone, comm_beside))
+    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside)

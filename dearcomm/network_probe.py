@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
 from .network_fit import NetworkFit, fit_network
@@ -91,7 +92,7 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     group = group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    backend = _C.process_group_backend(group) if device.type == "cpu" else None
+    backend = cpu_backend(group) if device.type == "cpu" else None
     rows = []
     for nbytes in sizes:
         numel = max(world_size, nbytes // 4 // world_size * world_size)  # divisible: the shard is numel / p

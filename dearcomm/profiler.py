@@ -178,8 +178,15 @@ def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
     if not params:
         raise ValueError("dearcomm: the model has no parameter that requires grad; there is nothing to profile")
     lockstep = Lockstep(group, next(iter(params)).device) if group is not None else None
-    saved_model = copy.deepcopy(model.state_dict())
-    saved_optimizer = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+    try:
+        saved_model = copy.deepcopy(model.state_dict())
+        saved_optimizer = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+    except Exception as e:  # out of memory, say: the other ranks must not wait at the first meeting
+        if lockstep is not None:
+            lockstep.start(warmup + iterations, steps=optimizer is not None, failure=e)
+        raise
+    if lockstep is not None:
+        lockstep.start(warmup + iterations, steps=optimizer is not None)
     was_training = model.training
     model.train()
     try:
@@ -244,12 +251,10 @@ class _Probe:
             self.lockstep.meet()
 
     def run(self, compute_loss: Callable[[], torch.Tensor], optimizer, count: int) -> List[Dict[str, Any]]:
-        """`count` iterations' stamps. In lockstep, a rank that fails tells
-        the others before it raises; a last meeting catches a failure in the
-        last iteration."""
+        """`count` iterations' stamps (in lockstep, after its first
+        meeting). In lockstep, a rank that fails tells the others before it
+        raises; a last meeting catches a failure in the last iteration."""
         try:
-            if self.lockstep is not None:
-                self.lockstep.start(count)
             samples = [self.iteration(compute_loss, optimizer) for _ in range(count)]
             self._meet()
         except BaseException as e:

@@ -122,3 +122,35 @@ def test_ranks_time_each_iteration_alone_together():
     rank0, rank1 = run_workers(_uneven, 2, deadline=120)
     gaps = [abs(a - b) for a, b in zip(rank0, rank1)]
     assert max(gaps) < 0.1, f"iterations alone started {max(gaps) * 1e3:.0f} ms apart on the two ranks"
+
+
+def _compute_fails(rank, world_size, call):
+    """measure_contention where rank 1's compute raises at its `call`-th call
+    (1: a warm-up; 5: the last iteration timed alone before the collectives;
+    6: the first beside them, with this rank's all-reduce thread running)."""
+    import time
+
+    from dearcomm.contention import measure_contention
+
+    calls = [0]
+
+    def compute():
+        calls[0] += 1
+        if rank == 1 and calls[0] == call:
+            raise RuntimeError(f"rank 1's compute broke at call {call}")
+        time.sleep(0.02)
+
+    try:
+        measure_contention(compute, nbytes=1 << 16, iters=3)
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.parametrize("call", [1, 5, 6])
+def test_a_rank_whose_compute_fails_fails_every_rank_without_a_hang(call):
+    # Before, the other rank waited in a barrier for the group's timeout (30 min).
+    rank0, rank1 = run_workers(_compute_fails, 2, call, deadline=90)
+    assert rank1 == f"RuntimeError: rank 1's compute broke at call {call}"
+    assert rank0 == (f"PeerFailed: dearcomm: measure_contention() failed on rank 1: RuntimeError: rank 1's "
+                     f"compute broke at call {call}")

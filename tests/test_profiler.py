@@ -317,8 +317,15 @@ def _failing(rank, world_size, how):
             return model[1](torch.randn(2, 4)).sum()  # the first layer gets no gradient
         return out.sum()
     iterations = 4 if rank == 1 and how == "iterations" else 3
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if rank == 1 and how == "no optimizer":
+        optimizer = None
+    if rank == 1 and how == "state":  # fails before the first meeting (copying the state to restore)
+        def state_dict():
+            raise RuntimeError("rank 1 is out of memory")
+        optimizer.state_dict = state_dict
     try:
-        dearcomm.profile(model, torch.randn(2, 4), torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=loss_fn,
+        dearcomm.profile(model, torch.randn(2, 4), optimizer, loss_fn=loss_fn,
                          iterations=iterations, warmup=1, group=torch.distributed.group.WORLD)
     except Exception as e:  # noqa: BLE001 - the test reads it
         return f"{type(e).__name__}: {e}"
@@ -329,6 +336,9 @@ def _failing(rank, world_size, how):
     ("raises", r"profile\(\) failed on rank 1: RuntimeError: rank 1.s loss broke", "^RuntimeError: rank 1.s loss broke"),
     ("no grad", r"failed on rank 1: .*2 parameter\(s\) got no gradient", r"failed on rank 1: .*no gradient"),
     ("iterations", "asked for 4 to 5 iterations", "asked for 4 to 5 iterations"),
+    ("state", r"^PeerFailed: .*profile\(\) failed on rank 1: RuntimeError: rank 1 is out of memory$",
+     r"^PeerFailed: .*profile\(\) failed on rank 1: RuntimeError: rank 1 is out of memory$"),
+    ("no optimizer", "some ranks gave an optimizer and some did not", "some ranks gave an optimizer and some"),
 ])
 def test_a_rank_that_fails_fails_every_rank_without_a_hang(how, rank0, rank1):
     errors = run_workers(_failing, 2, how, deadline=120)
