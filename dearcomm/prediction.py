@@ -33,12 +33,19 @@ KINDS = ("reduce_scatter", "all_gather", "all_reduce")
 class ModuleProfile:
     """One module, in forward order: its forward and backward time on one rank
     and the element counts of the parameters its forward reads (each
-    parameter belongs to exactly one module)."""
+    parameter belongs to exactly one module), all of ``dtype`` unless
+    ``param_dtypes`` gives each its own (buckets hold one dtype each, so a
+    module of mixed dtypes lays out otherwise)."""
     name: str
     forward_ms: float
     backward_ms: float
     param_numels: Sequence[int] = ()
     dtype: torch.dtype = torch.float32
+    param_dtypes: Sequence[torch.dtype] = ()
+
+    def dtypes(self) -> List[torch.dtype]:
+        """Each parameter's dtype."""
+        return list(self.param_dtypes) if self.param_dtypes else [self.dtype] * len(self.param_numels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,9 +233,16 @@ def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, flo
         for n in m.param_numels:
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"dearcomm: module {m.name!r} has a parameter of {n!r} elements; expected an int >= 1")
+        if m.param_dtypes and len(m.param_dtypes) != len(m.param_numels):
+            raise ValueError(f"dearcomm: module {m.name!r} has {len(m.param_numels)} parameters but "
+                             f"{len(m.param_dtypes)} param_dtypes")
+        for d in m.dtypes():
+            if not isinstance(d, torch.dtype) or not d.is_floating_point:
+                raise ValueError(f"dearcomm: module {m.name!r} has a parameter of dtype {d!r}; expected a "
+                                 "floating-point torch.dtype")
         first = len(numels)
         numels += list(m.param_numels)
-        dtypes += [m.dtype] * len(m.param_numels)
+        dtypes += m.dtypes()
         modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
     if not numels:
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")

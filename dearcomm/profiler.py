@@ -84,7 +84,7 @@ class TrainingProfile:
     def for_simulation(self) -> List[ModuleProfile]:
         """The modules as dearcomm.simulate reads them."""
         return [ModuleProfile(m.name, m.forward_ms, m.backward_ms, [p.numel for p in m.params],
-                              _dominant_dtype(m)) for m in self.modules]
+                              _dominant_dtype(m), [p.dtype for p in m.params]) for m in self.modules]
 
     @property
     def num_params(self) -> int:

@@ -376,7 +376,7 @@ def plan_for_profile(profile: Sequence[ModuleProfile], network: Network, world_s
     if bytes_per_element is None:
         import torch
 
-        sizes = {torch.empty(0, dtype=m.dtype).element_size() for m in profile if list(m.param_numels)}
+        sizes = {torch.empty(0, dtype=d).element_size() for m in profile for d in m.dtypes()}
         if len(sizes) != 1:
             raise ValueError(f"dearcomm: the profile's parameters have element sizes {sorted(sizes)} bytes; "
                              f"pass bytes_per_element")
@@ -483,7 +483,7 @@ def plan_modules(modules: Sequence[ModuleProfile], network: Network, world_size:
     modules = list(modules)
     per_param = layers_from_profile(modules)
     numels = [layer.numel for layer in per_param]
-    dtypes = [m.dtype for m in modules for _ in m.param_numels]
+    dtypes = [d for m in modules for d in m.dtypes()]
     names = tuple(names) if names is not None else tuple(f"p{i}" for i in range(len(numels)))
     element = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype is not None else \
         max(torch.empty(0, dtype=d).element_size() for d in set(dtypes))

@@ -95,3 +95,34 @@ def test_bad_inputs_get_clear_errors(kwargs, match):
     args = dict(world_size=4, network=SLOW) | kwargs
     with pytest.raises(ValueError, match=match):
         dearcomm.plan(PROFILE, **args)
+
+
+def test_a_module_of_mixed_dtypes_lays_out_as_training_does():
+    # A profiled module whose bias is bfloat16 beside a float32 weight: a
+    # bucket holds one dtype, so training splits them; a layout from the
+    # module's dominant dtype alone would hold both in one bucket.
+    import torch
+    from torch import nn
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(64, 64))
+            self.bias = nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias.float()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Mixed(), nn.ReLU(), nn.Linear(64, 4))
+    profile = dearcomm.profile(model, torch.randn(8, 64), iterations=1, warmup=0)
+    params = [model[0].weight, model[0].bias, model[2].weight, model[2].bias]
+    trained = dearcomm._C.plan_buckets([p.numel() for p in params], [p.dtype for p in params],
+                                       dearcomm.WrapOptions().bucket_cap_bytes, 2,
+                                       dearcomm.WrapOptions().partition_bytes, [])
+    assert bucket_layout(profile, world_size=2).describe() == trained.describe()
+    assert len(trained.buckets) == 3
+    with pytest.raises(ValueError, match="module 'm' has 2 parameters but 1 param_dtypes"):
+        bucket_layout([ModuleProfile("m", 1.0, 1.0, [4, 4], param_dtypes=[torch.float32])], world_size=2)
+    with pytest.raises(ValueError, match="module 'm' has a parameter of dtype torch.int64"):
+        bucket_layout([ModuleProfile("m", 1.0, 1.0, [4], torch.int64)], world_size=2)
