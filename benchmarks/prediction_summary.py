@@ -48,7 +48,9 @@ def resimulate(data) -> None:
 
     profile = dearcomm.TrainingProfile.from_dict(data["profile"])
     contention = data["contention"]
-    comm_slowdown = fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
+    # Measured once a round: the medians of the rounds' factors; once at the start: from its timings.
+    comm_slowdown = contention["comm_slowdown"] if "rounds" in contention else \
+        fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]

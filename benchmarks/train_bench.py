@@ -41,7 +41,8 @@ simulated device gives it, and any schedule's, without a formula per schedule).
                                taken once a round, between the runs' turns, and
                                the rounds' medians kept, as the runs' are), compute slowed by the factor measured beside an
                                all-reduce and the collectives by the factor measured beside compute
-                               (benchmarks/contention.py); the slowest rank's; error =
+                               (benchmarks/contention.py; also once a round, the medians kept);
+                               the slowest rank's; error =
                                predicted / measured - 1
 efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
 median / the run's (> 1: faster than DDP).
@@ -654,20 +655,22 @@ def main():
     # as they train (each iteration the slowest rank's), once a round between
     # the runs (this machine's speed drifts by more than 10% over a row: one
     # profile at the start set every prediction of a row off by up to 9% the
-    # same way), and the measured slowdown of compute beside collectives
-    # (dearcomm/contention.py).
+    # same way), and the measured slowdown of compute beside collectives and
+    # of collectives beside compute (dearcomm/contention.py), also once a
+    # round, their medians kept: measured once at the start, κ read 2.19 and
+    # 1.39 in two runs of one row (widein, 4 ranks), and deft's prediction
+    # went from 13.9% long to 8.9% short with it.
     profiled = make(args)
     profiled_opt = torch.optim.AdamW(profiled.parameters(), lr=1e-4)
-    profiles = []
+    contended = make(args)
+    contention_mib = min(64.0, n_params * 4 / 2**20)
+    profiles, contentions = [], []
 
     def profile_once():
         profiles.append(dearcomm.profile(profiled, (x, y), profiled_opt, iterations=args.iters,
                                          loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
                                          group=dist.group.WORLD))
-    contention_mib = min(64.0, n_params * 4 / 2**20)
-    contention = measure_contention(make(args), x, y, contention_mib,
-                                    args.iters)
-    slowdown, comm_slowdown = contention["compute_slowdown"], contention["comm_slowdown"]
+        contentions.append(measure_contention(contended, x, y, contention_mib, args.iters))
     runs = {name: build(name, args) for name in names}
     loss_diff = loss_differences(warm_up(runs, x, y))
     tuned = {name: bo_tune(model, optimizer, x, y, args.iters) for name, (model, optimizer) in runs.items()
@@ -705,6 +708,12 @@ def main():
             bar.update()
     load1 = os.getloadavg()
     profile = dearcomm.TrainingProfile.median_of(profiles)
+    slowdown = statistics.median(c["compute_slowdown"] for c in contentions)
+    comm_slowdown = statistics.median(c["comm_slowdown"] for c in contentions)
+    # The first round's timings (what --resimulate reads), the medians, every round's factors.
+    contention = dict(contentions[0], compute_slowdown=slowdown, comm_slowdown=comm_slowdown,
+                      rounds=[dict(compute_slowdown=c["compute_slowdown"], comm_slowdown=c["comm_slowdown"])
+                              for c in contentions])
     # The lower bound's and the ideal's compute: the profile's, taken across the
     # rounds like the runs (one measurement at the start has read twice the forward).
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
@@ -763,7 +772,9 @@ def main():
               f"{min(p.forward_ms for p in profiles):.1f}-{max(p.forward_ms for p in profiles):.1f} over the rounds; "
               f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
               f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
-              "(rank 0)")
+              f"(rank 0; medians of {len(contentions)} rounds', κ "
+              f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
+              f"{max(c['compute_slowdown'] for c in contentions):.2f})")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
