@@ -18,7 +18,8 @@ At the first training forward, before any gradient is communicated:
      broadcasts a shortlist: the best predicted candidate of each schedule
      and update (MAX_TRIALS at most), and each family's runners-up;
   3. training goes on with each shortlisted candidate in turn for one step
-     that rebuilds the buckets and TRIAL_STEPS measured ones (the optimizer
+     that rebuilds the buckets (WARMUP steps for the first: the job's first
+     steps run slow) and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure), then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
      fastest, of any other within REFINE_WITHIN of the fastest and of any
@@ -327,7 +328,12 @@ class AutoPlanner:
         self._train_with(plan.shortlist[0][0])
         self._trying = not plan.decided
         self._expected_ms = plan.predicted_ms
-        self._start_measuring(skip=1 if self._trying else WARMUP)
+        # WARMUP steps before the first trial too: a job's first steps run
+        # slow (the optimizer's state allocated, memory settling). With one,
+        # the first candidate, the predicted best, measured slowest against its
+        # prediction of all candidates in 15 of 25 rows (GPT at 4 ranks: dear
+        # with 1 MiB buckets 900 ms in its trial, 787 ms fixed in the same row).
+        self._start_measuring(skip=WARMUP)
 
     def forbid_delays(self) -> None:
         """deft's guard fired: no candidate trains with delays from now on."""
