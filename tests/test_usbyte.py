@@ -115,12 +115,13 @@ def unmeasurable_contention_worker(rank, world_size):
     """A small model on a fast link: the collectives are too short beside the
     compute to time how they share the cores; planning goes on without it."""
     import dearcomm._auto as auto
+    from dearcomm.contention import NotFitted
 
     real = auto.measure_contention
 
     def too_short(*args, **kwargs):
         real(*args, **kwargs)  # every collective of the measurement runs, on every rank
-        raise ValueError("no iteration beside collectives was covered for at least 50% of its time")
+        raise NotFitted("no iteration beside collectives was covered for at least 50% of its time")
     auto.measure_contention = too_short
     result = planned_worker(rank, world_size)
     return result["error"], result["options"]
