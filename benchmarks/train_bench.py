@@ -756,7 +756,9 @@ def main():
             rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
                               auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s,
                               auto_trials_s=trials_s[name], auto_shortlist=plans[name].shortlist,
-                              auto_measured_ms=plans[name].measured_ms)
+                              auto_measured_ms=plans[name].measured_ms,
+                              auto_first_trial_ms=plans[name].first_trial_ms,
+                              auto_confirmations=plans[name].confirmations)
     ddp = rows.get("ddp", {}).get("median_ms")
     for r in rows.values():
         r["speedup_vs_ddp"] = ddp / r["median_ms"] if ddp else None

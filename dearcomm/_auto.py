@@ -20,7 +20,8 @@ At the first training forward, before any gradient is communicated:
   3. training goes on with each shortlisted candidate in turn for one step
      that rebuilds the buckets (WARMUP steps for the first: the job's first
      steps run slow) and TRIAL_STEPS measured ones (the optimizer
-     state moving along, DearRuntime.reconfigure), then with the
+     state moving along, DearRuntime.reconfigure); then the first once
+     more, whose second trial counts (its first still reads slow); then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
      fastest, of any other within REFINE_WITHIN of the fastest and of any
      whose trial measured REFINE_MISPRICED slower than predicted than the
@@ -166,7 +167,11 @@ class AutoPlan:
     REFINE_MAX_FAMILIES at most)."""
     refined: bool = False
     measured_ms: Tuple[float, ...] = ()
-    """Rank 0's median iteration of each shortlisted candidate, as far as measured."""
+    """Rank 0's median iteration of each shortlisted candidate, as far as
+    measured (the first candidate's from its second trial, once taken)."""
+    first_trial_ms: Optional[float] = None
+    """The first candidate's first trial, once it was measured again after
+    the others (see ``first_again_due``); kept for the log only."""
     reference: Optional[int] = None
     """The shortlist's index of the reference candidate (see the module's docstring)."""
     confirmations: Tuple[Tuple[int, float], ...] = ()
@@ -179,6 +184,15 @@ class AutoPlan:
         if len(self.shortlist) + len(self.runners_up) <= 1:
             return True
         return self.refined and self.next_trial() is None
+
+    @property
+    def first_again_due(self) -> bool:
+        """Whether the first candidate is measured again now: every candidate
+        of the first round measured, it once. Its first trial runs slow (the
+        job's first steps after the profiling), so it is measured once more in
+        the conditions of the others, and that measurement counts."""
+        return (not self.refined and self.first_trial_ms is None and len(self.shortlist) > 1
+                and len(self.measured_ms) == len(self.shortlist))
 
     def fastest_measured(self) -> int:
         """The shortlist's index of the fastest measured candidate (ties: the earlier, better predicted)."""
@@ -202,8 +216,24 @@ class AutoPlan:
         """The shortlist's index of the candidate to measure next; None when the choice is made."""
         if len(self.measured_ms) < len(self.shortlist):
             return len(self.measured_ms)
+        if self.first_again_due:
+            return 0
         queue = self.confirmation_queue()
         return queue[len(self.confirmations)] if len(self.confirmations) < len(queue) else None
+
+    def with_trial(self, measured: float) -> "AutoPlan":
+        """This plan with what the trial of ``next_trial()`` measured (rank
+        0's median); once the first round is measured, refined."""
+        if len(self.measured_ms) < len(self.shortlist):
+            plan = dataclasses.replace(self, measured_ms=self.measured_ms + (measured,))
+        elif self.first_again_due:
+            plan = dataclasses.replace(self, first_trial_ms=self.measured_ms[0],
+                                       measured_ms=(measured,) + self.measured_ms[1:])
+        else:
+            plan = dataclasses.replace(self, confirmations=self.confirmations + ((self.next_trial(), measured),))
+        if len(plan.measured_ms) == len(plan.shortlist) and not plan.refined and not plan.first_again_due:
+            plan = _refined(plan)
+        return plan
 
     def choice(self) -> Tuple[int, float]:
         """(shortlist index, what it measured) of the candidate to train with:
@@ -234,6 +264,8 @@ class AutoPlan:
         if self.measured_ms:
             trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
                                                in zip(self.shortlist, self.measured_ms))
+        if self.first_trial_ms is not None:
+            trials += f"; the first candidate's first trial {self.first_trial_ms:.2f} ms (measured again after the others)"
         if self.confirmations:
             trials += "; measured again against the reference: " + ", ".join(
                 f"{'reference' if i == self.reference else _describe(self.shortlist[i][0])} {m:.2f} ms"
@@ -333,6 +365,8 @@ class AutoPlanner:
         # the first candidate, the predicted best, measured slowest against its
         # prediction of all candidates in 15 of 25 rows (GPT at 4 ranks: dear
         # with 1 MiB buckets 900 ms in its trial, 787 ms fixed in the same row).
+        # With them, still on 3 of 6 rows: the first candidate is measured
+        # again after the others (AutoPlan.first_again_due).
         self._start_measuring(skip=WARMUP)
 
     def forbid_delays(self) -> None:
@@ -385,14 +419,7 @@ class AutoPlanner:
         return rank0s(statistics.median(self._iteration_ms), self.runtime.group)
 
     def _trial_ended(self, measured: float) -> None:
-        plan = self.plans[-1]
-        if len(plan.measured_ms) < len(plan.shortlist):
-            plan = dataclasses.replace(plan, measured_ms=plan.measured_ms + (measured,))
-        else:
-            plan = dataclasses.replace(plan, confirmations=plan.confirmations + ((plan.next_trial(), measured),))
-        if len(plan.measured_ms) == len(plan.shortlist) and not plan.refined:
-            plan = _refined(plan)
-        self.plans[-1] = plan
+        plan = self.plans[-1] = self.plans[-1].with_trial(measured)
         following = plan.next_trial()
         if following is not None:
             self._switch_to = plan.shortlist[following][0]

@@ -4,6 +4,7 @@ their timings differ, training equals one process on the global batch
 the new layout and update strategy), and bad combinations are refused."""
 import dataclasses
 import time
+import types
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from dearcomm._auto import surrogate_loss
 from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
-STEPS = 30  # and 3 reconfiguration steps; each plan's trials take at most 12 (6 trials of 2 steps)
+STEPS = 36  # and 3 reconfiguration steps; each plan's trials take at most 16 (8 trials of 2 steps), then 3
 
 # Options a re-plan may move between, each with AdamW state to carry over:
 # the update strategy changes (sharded -> replicated -> full), and the layout.
@@ -31,7 +32,7 @@ def make_optimizer(model):
 
 def _auto_worker(rank, world_size):
     # Two candidates and the reference measured for one step each (after one that rebuilds the buckets),
-    # then the fastest family's runner-up, then (unless the reference measured fastest) the fastest and
+    # then the first of them again, then the fastest family's runner-up, then (unless the reference measured fastest) the fastest and
     # the reference once more; every window "drifts": one re-plan, whose trials go the same way.
     _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
     _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.REFINE_TRIALS, _auto.REFINE_FAMILIES, _auto.TRIAL_STEPS = 1, 2, 1, 1, 1
@@ -75,7 +76,7 @@ def _auto_worker(rank, world_size):
     assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
                 plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms,
-                        p.reference, p.confirmations, p.decided) for p in plans],
+                        p.reference, p.confirmations, p.decided, p.first_trial_ms) for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
 
 
@@ -93,8 +94,9 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
     assert plans[0][0][1] == 0 and plans[0][1][1] > 0
     family = lambda options: (options["schedule"], options["update"])  # noqa: E731
-    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided in plans[0]:
+    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided, first in plans[0]:
         assert decided and len(measured) == len(shortlist)
+        assert first is not None and first > 0, "the first candidate measured again after the first round"
         assert {k: shortlist[reference][0][k] for k in ("schedule", "bucket_mb", "partition_mb", "credit_mb")} == \
             dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None), "the reference: DDP's layout"
         first_round = 2 if reference < 2 else 3  # the two families' best, and the reference unless one of them
@@ -181,6 +183,41 @@ def _plan_measured(measured, reference, confirmations=()):
                           step=0, reason="test", network=None, profile=None, shortlist=shortlist,
                           runners_up=(), refined=True, measured_ms=tuple(measured), reference=reference,
                           confirmations=tuple(confirmations))
+
+
+def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirmations(monkeypatch):
+    monkeypatch.setattr(_auto, "REFINE_FAMILIES", 1)
+    monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
+    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 1)
+    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 1)
+    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 1)
+    schedules = ["dear", "bytescheduler", "wfbp"]  # wfbp: the reference
+    shortlist = tuple((_candidate(100.0 + i, schedule=s, update="replicated").options, 100.0 + i)
+                      for i, s in enumerate(schedules))
+    runners_up = tuple((_candidate(110.0, schedule=s, update="replicated", partition_mb=1.0).options, 110.0)
+                       for s in schedules)
+    plan = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=6, step=0,
+                          reason="test", network=None, profile=None, shortlist=shortlist, runners_up=runners_up,
+                          reference=2)
+    order = []
+    # dear's first trial reads slow (130 ms); measured again it is the fastest (90 ms), so its
+    # family is the one refined, and it is the contender confirmed against the reference.
+    for ms in [130.0, 105.0, 100.0, 90.0, 95.0, 91.0, 100.0]:
+        assert not plan.decided
+        order.append(plan.next_trial())
+        plan = plan.with_trial(ms)
+    assert plan.decided and plan.next_trial() is None
+    assert order == [0, 1, 2, 0, 3, 0, 2]
+    assert plan.first_trial_ms == 130.0 and plan.measured_ms == (90.0, 105.0, 100.0, 95.0)
+    assert plan.shortlist[3][0] == runners_up[0][0], "dear's runner-up: its family measured fastest the second time"
+    assert plan.choice() == (0, 91.0)
+    assert "the first candidate's first trial 130.00 ms" in str(dataclasses.replace(
+        plan, profile=types.SimpleNamespace(forward_ms=1.0, backward_ms=2.0, step_ms=1.0),
+        network=dearcomm.prediction.Network(alpha_us=100.0, gbit_s=1.0)))
+    # One candidate and no runner-up: nothing to measure again.
+    alone = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=1, step=0,
+                           reason="test", network=None, profile=None, shortlist=shortlist[:1])
+    assert alone.decided
 
 
 def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypatch):
