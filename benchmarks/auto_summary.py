@@ -42,6 +42,16 @@ def twin(chosen: dict, fixed: dict, bucket_mb: float):
     return None
 
 
+def first_trials(auto: dict) -> str:
+    """The first candidate's two trials against its prediction (measured ÷
+    predicted), where it was measured twice: its first trial reads slow."""
+    first = auto.get("auto_first_trial_ms")
+    if first is None or not auto.get("auto_shortlist"):
+        return "-"
+    predicted = auto["auto_shortlist"][0][1]
+    return f"{first / predicted:.2f}, {auto['auto_measured_ms'][0] / predicted:.2f}"
+
+
 def row(path: Path):
     data = json.loads(path.read_text())
     runs = {n: r for n, r in data.get("runs", {}).items() if "skipped" not in r}
@@ -66,6 +76,7 @@ def row(path: Path):
                 best=best, best_x=ddp / fixed[best]["median_ms"], auto_x=speedup, vs_best=vs_best, chosen=chosen,
                 cost=f"{auto['auto_planning_s']:.1f} s + {auto['auto_trials_s']:.1f} s "
                      f"({len(auto['auto_measured_ms'])} candidates)",
+                first=first_trials(auto),
                 bo_x=ddp / bo["median_ms"] if bo else None,
                 bo_vs_best=bo["median_ms"] / fixed[best]["median_ms"] if bo else None,
                 bo_cost=f"{bo['bo_tuning_s']:.1f} s, bucket_mb={bo['bo_bucket_mb']:.1f}" if bo else "-", met=met)
@@ -76,13 +87,14 @@ def main():
     parser.add_argument("files", nargs="+", type=Path)
     rows = [r for r in map(row, parser.parse_args().files) if r]
     print("| row | bound | DDP ms | default dear | best fixed | auto | auto vs best | auto chose | auto's cost "
-          "(plan + trials) | dear-bo | dear-bo vs best | dear-bo's cost | auto's targets |")
-    print("|---" * 13 + "|")
+          "(plan + trials) | first candidate ÷ predicted (1st, 2nd trial) | dear-bo | dear-bo vs best | dear-bo's cost "
+          "| auto's targets |")
+    print("|---" * 14 + "|")
     for r in rows:
         default = f"{r['default']:.2f}x" if r["default"] else "-"
         bo = f"{r['bo_x']:.2f}x | {r['bo_vs_best']:.3f}" if r["bo_x"] else "- | -"
         print(f"| {r['row']} | {r['kind']} | {r['ddp']:.0f} | {default} | {r['best']} {r['best_x']:.2f}x | "
-              f"**{r['auto_x']:.2f}x** | {r['vs_best']:.3f} | {r['chosen']} | {r['cost']} | {bo} | {r['bo_cost']} | "
+              f"**{r['auto_x']:.2f}x** | {r['vs_best']:.3f} | {r['chosen']} | {r['cost']} | {r['first']} | {bo} | {r['bo_cost']} | "
               f"{'met' if r['met'] else '**missed**'} |")
     if rows:
         print(f"\nauto met its targets on {sum(r['met'] for r in rows)} of {len(rows)} rows; within 5% of the best "
