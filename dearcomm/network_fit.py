@@ -310,23 +310,28 @@ def _nnls2(A: np.ndarray, t: np.ndarray) -> np.ndarray:
     return min(candidates, key=lambda c: c[0])[1]
 
 
-def _fit_kind(kind: str, rows: Sequence[Row]) -> KindFit:
-    """Non-negative least squares of the ring model on one kind's rows,
-    weighted by 1/time: each row counts by its relative error, so the largest
-    buffer does not decide α alone (unweighted, a 64 MiB row's noise outweighs
-    every small row, and the small rows are where α shows)."""
+WEIGHTS = ("relative", "absolute")
+
+
+def _fit_kind(kind: str, rows: Sequence[Row], weights: str = "relative") -> KindFit:
+    """Non-negative least squares of the ring model on one kind's rows.
+    "relative": weighted by 1/time, each row counts by its relative error, so
+    the largest buffer does not decide α alone (unweighted, a 64 MiB row's
+    noise outweighs every small row, and the small rows are where α shows).
+    "absolute": unweighted, the largest buffers decide β (see fit_network)."""
     sizes = sorted({r.bytes for r in rows})
     if len(sizes) < 2:
         raise ValueError(f"dearcomm: {kind} has {len(rows)} row(s) of {len(sizes)} distinct size(s) "
                          f"({[int(s) for s in sizes]}); at least 2 distinct sizes are needed to separate α from β")
     coef = np.array([ring_coefficients(kind, r.world_size, r.bytes) for r in rows])  # (a, b) per row
     t = np.array([r.time_us for r in rows])
-    A = coef / t[:, None]
+    A = coef / t[:, None] if weights == "relative" else coef
+    target = np.ones_like(t) if weights == "relative" else t
     scale = np.linalg.norm(A, axis=0)  # columns of similar norm, for a well-conditioned solve
     if abs(float(A[:, 0] @ A[:, 1])) / (scale[0] * scale[1]) > 1 - 1e-12:
         raise ValueError(f"dearcomm: the {kind} rows cannot separate α from β (their sizes and world sizes give "
                          f"proportional coefficients); measure more sizes")
-    alpha_us, beta_us = _nnls2(A / scale, np.ones_like(t)) / scale
+    alpha_us, beta_us = _nnls2(A / scale, target) / scale
     if beta_us <= 0:
         raise ValueError(f"dearcomm: the {kind} times do not grow with size ({len(rows)} rows); no bandwidth can "
                          f"be fitted. Measure larger sizes")
@@ -342,7 +347,7 @@ def _fit_kind(kind: str, rows: Sequence[Row]) -> KindFit:
 
 
 def fit_network(measurements: Measurements, world_size: Optional[int] = None, impl: str = "dearcomm",
-                dtype: Optional[str] = None) -> NetworkFit:
+                dtype: Optional[str] = None, weights: str = "relative") -> NetworkFit:
     """Fits α (µs per ring step) and bandwidth per collective kind to measured
     times, so that dearcomm.simulate charges what this cluster charges.
 
@@ -357,6 +362,13 @@ def fit_network(measurements: Measurements, world_size: Optional[int] = None, im
         backend the engine runs; "torch" for torch.distributed's own calls).
     dtype: fit only the rows of this type ("fp32", "bf16", ...; default None:
         every type, as the simulator charges by bytes whatever the type).
+    weights: "relative" (default) fits every row's time to the same relative
+        error, for sizes spanning decades where α shows in the small ones;
+        "absolute" fits the times themselves, so the largest sizes decide the
+        bandwidth: what a planner that sums the times of 1-64 MiB buckets
+        needs, and not misled by small transfers that a link passes faster
+        than its rate (a token bucket's burst: tbf's 256 KB on the emulated
+        1 Gbit/s link priced reduce-scatter about twice too fast, weighted).
 
     Raises ValueError, naming the row, for rows with wrong results, unknown
     ops, non-positive or non-finite sizes or times, world sizes < 2, files
@@ -366,11 +378,13 @@ def fit_network(measurements: Measurements, world_size: Optional[int] = None, im
     """
     if not isinstance(impl, str):
         raise ValueError(f"dearcomm: impl must be a str such as 'dearcomm' or 'torch', got {impl!r}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"dearcomm: weights must be one of {WEIGHTS}, got {weights!r}")
     if dtype is not None and not isinstance(dtype, str):
         raise ValueError(f"dearcomm: dtype must be None or a str such as 'fp32', got {dtype!r}")
     select = _Selection(impl, dtype)
     rows, sources = _collect(measurements, select, world_size)
-    kinds = {kind: _fit_kind(kind, [r for r in rows if r.op == kind]) for kind in KINDS
+    kinds = {kind: _fit_kind(kind, [r for r in rows if r.op == kind], weights) for kind in KINDS
              if any(r.op == kind for r in rows)}
     main_fit = kinds.get("all_reduce") or next(iter(kinds.values()))
     network = Network(alpha_us=main_fit.alpha_us, gbit_s=main_fit.gbit_s,

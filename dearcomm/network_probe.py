@@ -1,7 +1,7 @@
 """Measure this job's network in place: time the three collectives the
 schedules use on the training process group at a few sizes and fit the
-simulator's α–β line to them (dearcomm.fit_network), in about a second on a
-1 Gbit/s link. wrap()'s "auto" options start with it. On a CPU they are
+simulator's α–β line to them (dearcomm.fit_network, unweighted: the
+largest sizes decide the bandwidth), in about a second on a 1 Gbit/s link. wrap()'s "auto" options start with it. On a CPU they are
 dearcomm's own collectives over the group (the engine's: gloo's
 reduce-scatter and all-gather cost far more than dearcomm's, which are built
 from point-to-point transfers), on a GPU torch's over NCCL.
@@ -101,6 +101,8 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         for kind in ("reduce_scatter", "all_gather", "all_reduce"):
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size,
                              time_us=_timed(kind, full, shard, group, backend, repeats)))
-    fit = fit_network(rank0s(rows if rank == 0 else None, group))
+    # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
+    # link's burst allowance passes the smallest size faster than its rate.
+    fit = fit_network(rank0s(rows if rank == 0 else None, group), weights="absolute")
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

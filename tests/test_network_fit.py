@@ -74,6 +74,30 @@ def test_noisy_timings_give_back_alpha_and_bandwidth_within_tolerance():
         assert 0.02 < k.max_rel_error < 0.06  # the noise shows in the quality figures, it is not hidden
 
 
+def test_absolute_weights_price_large_buffers_where_a_burst_makes_small_ones_fast():
+    # A token bucket (tbf) lets its burst through at once: what the probe's
+    # sizes take on a 1 Gbit/s link with a 256 KB burst, 2 ranks.
+    alpha_us, gbit_s, burst = 50.0, 1.0, 256_000
+
+    def through_bucket(kind, nbytes):
+        sent = (2 if kind == "all_reduce" else 1) * nbytes / 2  # bytes each rank sends, 2 ranks
+        return ring_time_us(kind, 2, nbytes, alpha_us, gbit_s) - min(sent, burst) * 8 / (gbit_s * 1e3)
+
+    rows = [dict(op=kind, bytes=n, world_size=2, time_us=through_bucket(kind, n))
+            for kind in ("reduce_scatter", "all_reduce") for n in (256 * 1024, 2 * MIB, 16 * MIB)]
+    relative, absolute = fit_network(rows), fit_network(rows, weights="absolute")
+    for kind in ("reduce_scatter", "all_reduce"):
+        # Every 4-16 MiB bucket, as the planner lays them out, back to back (no burst left).
+        for n in (4 * MIB, 16 * MIB):
+            truth = ring_time_us(kind, 2, n, alpha_us, gbit_s)
+            assert absolute.kinds[kind].time_us(n, 2) == pytest.approx(truth, rel=0.05), kind
+        assert absolute.kinds[kind].gbit_s == pytest.approx(gbit_s, rel=0.05)
+    # Weighted by 1/time, the burst's small rows pull the bandwidth up.
+    assert relative.kinds["reduce_scatter"].gbit_s > 1.5 * gbit_s
+    with pytest.raises(ValueError, match="dearcomm: weights must be one of"):
+        fit_network(rows, weights="by size")
+
+
 def test_files_of_different_world_sizes_are_fitted_jointly(tmp_path):
     rows = synthetic_rows()
     paths = [write_benchmark_json(tmp_path / f"c{p}.json", [r for r in rows if r["world_size"] == p], p)
