@@ -76,7 +76,7 @@ def _auto_worker(rank, world_size):
     assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
                 plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms,
-                        p.reference, p.confirmations, p.decided, p.first_trial_ms) for p in plans],
+                        p.reference, p.confirmations, p.decided, p.first_trial_ms, p.runners_up) for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
 
 
@@ -94,15 +94,19 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
     assert plans[0][0][1] == 0 and plans[0][1][1] > 0
     family = lambda options: (options["schedule"], options["update"])  # noqa: E731
-    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided, first in plans[0]:
+    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided, first, runners_up \
+            in plans[0]:
         assert decided and len(measured) == len(shortlist)
         assert first is not None and first > 0, "the first candidate measured again after the first round"
         assert {k: shortlist[reference][0][k] for k in ("schedule", "bucket_mb", "partition_mb", "credit_mb")} == \
             dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None), "the reference: DDP's layout"
         first_round = 2 if reference < 2 else 3  # the two families' best, and the reference unless one of them
         assert reference <= 2 and len({family(o) for o, _ in shortlist[:2]}) == 2
-        # usbyte has one candidate, its planner's: the fastest family with a runner-up left is refined
-        fastest_first = min((i for i in range(first_round) if shortlist[i][0]["schedule"] != "usbyte"),
+        # The fastest family with a runner-up left is refined: usbyte has one candidate, its planner's,
+        # and a family whose runner-up is the reference has none left once the reference is measured.
+        first_options = [o for o, _ in shortlist[:first_round]]
+        open_families = {family(o) for o, _ in runners_up if o not in first_options}
+        fastest_first = min((i for i in range(first_round) if family(shortlist[i][0]) in open_families),
                             key=lambda i: measured[i])
         assert len(shortlist) == first_round + 1, "then the fastest family's runner-up"
         assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"

@@ -17,6 +17,7 @@ from torch import nn
 
 import dearcomm
 from dearcomm import Network, TrainingProfile, simulate
+from dearcomm.profiler import ParamProfile, ProfiledModule
 from tests.multiprocess import run_workers
 from tests.real_models import SPECS
 
@@ -173,6 +174,24 @@ def test_save_load_and_simulate(tmp_path):
     assert direct.iteration_ms >= loaded.forward_ms + loaded.backward_ms - 1e-6
     no_step = simulate(loaded, world_size=4, network=network, step_ms=0.0)
     assert no_step.iteration_ms <= direct.iteration_ms
+
+
+def test_the_simulated_modules_add_up_to_the_whole_forward_and_backward():
+    # Medians per module add up to less than the median whole where the
+    # times are skewed (another process on the core): simulate() charges the whole.
+    params = lambda name: [ParamProfile(f"{name}.weight", 10, torch.float32, 0.0)]  # noqa: E731
+    modules = [ProfiledModule("a", 1.0, 2.0, params("a")), ProfiledModule("b", 2.0, 2.0, params("b"))]
+    skewed = TrainingProfile(modules=modules, step_ms=0.5, forward_ms=4.5, backward_ms=6.0, machine={}, iterations=3)
+    simulated = skewed.for_simulation()
+    assert [(m.forward_ms, m.backward_ms) for m in simulated] == [(1.5, 3.0), (3.0, 3.0)]
+    free = Network(alpha_us=0.0, gbit_s=1e9)
+    replicated = simulate(skewed, world_size=2, network=free, schedule="wfbp", update="replicated")
+    assert replicated.iteration_ms == pytest.approx(4.5 + 6.0 + 0.5, rel=1e-3)
+    # Times that already add up are kept; so are modules of a profile without totals.
+    exact = dataclasses.replace(skewed, forward_ms=3.0, backward_ms=4.0)
+    assert [(m.forward_ms, m.backward_ms) for m in exact.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
+    no_totals = dataclasses.replace(skewed, forward_ms=0.0, backward_ms=0.0)
+    assert [(m.forward_ms, m.backward_ms) for m in no_totals.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
 
 
 def test_median_of_takes_each_time_s_median_across_profiles():
