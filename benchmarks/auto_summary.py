@@ -44,7 +44,7 @@ def twin(chosen: dict, fixed: dict, bucket_mb: float):
 
 def first_trials(auto: dict) -> str:
     """The first candidate's two trials against its prediction (measured ÷
-    predicted), where it was measured twice: its first trial reads slow."""
+    predicted), where it was measured twice (the second counts)."""
     first = auto.get("auto_first_trial_ms")
     if first is None or not auto.get("auto_shortlist"):
         return "-"

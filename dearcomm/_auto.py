@@ -21,7 +21,7 @@ At the first training forward, before any gradient is communicated:
      that rebuilds the buckets (WARMUP steps for the first: the job's first
      steps run slow) and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure); then the first once
-     more, whose second trial counts (its first still reads slow); then with the
+     more, 1 + TRIAL_STEPS steps as the others, and that trial counts; then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
      fastest, of any other within REFINE_WITHIN of the fastest and of any
      whose trial measured REFINE_MISPRICED slower than predicted than the
@@ -188,9 +188,10 @@ class AutoPlan:
     @property
     def first_again_due(self) -> bool:
         """Whether the first candidate is measured again now: every candidate
-        of the first round measured, it once. Its first trial runs slow (the
-        job's first steps after the profiling), so it is measured once more in
-        the conditions of the others, and that measurement counts."""
+        of the first round measured, it once. Its first trial follows the
+        job's first steps and WARMUP untimed ones, every other trial one step
+        after a switch; measured once more as the others are, that trial
+        counts."""
         return (not self.refined and self.first_trial_ms is None and len(self.shortlist) > 1
                 and len(self.measured_ms) == len(self.shortlist))
 
@@ -365,8 +366,9 @@ class AutoPlanner:
         # the first candidate, the predicted best, measured slowest against its
         # prediction of all candidates in 15 of 25 rows (GPT at 4 ranks: dear
         # with 1 MiB buckets 900 ms in its trial, 787 ms fixed in the same row).
-        # With them, still on 3 of 6 rows: the first candidate is measured
-        # again after the others (AutoPlan.first_again_due).
+        # With them it read faster than its second trial on 7 of 9 rows, so
+        # the trial that counts is a second one, taken as every other
+        # candidate's is (AutoPlan.first_again_due).
         self._start_measuring(skip=WARMUP)
 
     def forbid_delays(self) -> None:

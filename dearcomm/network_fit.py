@@ -325,8 +325,8 @@ def _fit_kind(kind: str, rows: Sequence[Row], weights: str = "relative") -> Kind
                          f"({[int(s) for s in sizes]}); at least 2 distinct sizes are needed to separate α from β")
     coef = np.array([ring_coefficients(kind, r.world_size, r.bytes) for r in rows])  # (a, b) per row
     t = np.array([r.time_us for r in rows])
-    A = coef / t[:, None] if weights == "relative" else coef
-    target = np.ones_like(t) if weights == "relative" else t
+    per_row = t if weights == "relative" else np.ones_like(t)  # each row's error divided by it
+    A, target = coef / per_row[:, None], t / per_row
     scale = np.linalg.norm(A, axis=0)  # columns of similar norm, for a well-conditioned solve
     if abs(float(A[:, 0] @ A[:, 1])) / (scale[0] * scale[1]) > 1 - 1e-12:
         raise ValueError(f"dearcomm: the {kind} rows cannot separate α from β (their sizes and world sizes give "

@@ -181,6 +181,12 @@ def _candidate(predicted_ms, **options):
     return dearcomm.autotune.Candidate(dict(full, **options), predicted_ms)
 
 
+def _knobs(monkeypatch, **values):
+    """Sets _auto's constants for one test."""
+    for name, value in values.items():
+        monkeypatch.setattr(_auto, name, value)
+
+
 def _plan_measured(measured, reference, confirmations=()):
     shortlist = tuple(({"schedule": f"s{i}"}, 100.0 + i) for i in range(len(measured)))
     return _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=len(measured),
@@ -190,11 +196,8 @@ def _plan_measured(measured, reference, confirmations=()):
 
 
 def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirmations(monkeypatch):
-    monkeypatch.setattr(_auto, "REFINE_FAMILIES", 1)
-    monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
-    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 1)
-    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 1)
-    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 1)
+    _knobs(monkeypatch, REFINE_FAMILIES=1, REFINE_TRIALS=1, REFINE_MAX_FAMILIES=1, CONFIRM_CONTENDERS=1,
+           CONFIRM_ROUNDS=1)
     schedules = ["dear", "bytescheduler", "wfbp"]  # wfbp: the reference
     shortlist = tuple((_candidate(100.0 + i, schedule=s, update="replicated").options, 100.0 + i)
                       for i, s in enumerate(schedules))
@@ -225,8 +228,7 @@ def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirm
 
 
 def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypatch):
-    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 3)
-    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 1)
+    _knobs(monkeypatch, CONFIRM_ROUNDS=3, CONFIRM_CONTENDERS=1)
     plan = _plan_measured([90.0, 110.0, 100.0], reference=2)
     assert plan.confirmation_queue() == (0, 2, 0, 2, 0, 2) and plan.next_trial() == 0 and not plan.decided
     # Lucky in its trial: measured again, it is as fast as the reference; the reference stays.
@@ -254,8 +256,7 @@ def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypat
 
 
 def test_the_two_fastest_trials_are_confirmed_and_the_one_that_beats_the_reference_most_wins(monkeypatch):
-    monkeypatch.setattr(_auto, "CONFIRM_ROUNDS", 3)
-    monkeypatch.setattr(_auto, "CONFIRM_CONTENDERS", 2)
+    _knobs(monkeypatch, CONFIRM_ROUNDS=3, CONFIRM_CONTENDERS=2)
     # As on widein at 4 ranks: 1 lucky in its trial, 3 a little behind it, 2 the reference.
     trials = [480.0, 421.3, 539.6, 460.8]
     plan = _plan_measured(trials, reference=2)
@@ -278,10 +279,7 @@ def test_runners_up_try_other_partition_sizes_first():
 
 
 def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monkeypatch):
-    monkeypatch.setattr(_auto, "REFINE_FAMILIES", 2)
-    monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
-    monkeypatch.setattr(_auto, "REFINE_WITHIN", 0.05)
-    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 3)
+    _knobs(monkeypatch, REFINE_FAMILIES=2, REFINE_TRIALS=1, REFINE_WITHIN=0.05, REFINE_MAX_FAMILIES=3)
     schedules = ["wfbp", "wfbp", "bytescheduler", "dear", "usbyte"]  # wfbp twice: its best and the reference
     shortlist = tuple((_candidate(100.0, schedule=s, update="replicated").options, 100.0) for s in schedules)
     runners_up = tuple((_candidate(100.0, schedule=s, update="replicated", partition_mb=1.0).options, 101.0)
@@ -296,16 +294,13 @@ def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monke
     close = dataclasses.replace(plan, measured_ms=(427.0, 428.0, 429.0, 437.0, 440.0))
     assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added
     # ... which, raised, lets it in.
-    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 4)
+    _knobs(monkeypatch, REFINE_MAX_FAMILIES=4)
     assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added + ["usbyte"]
 
 
 def test_a_family_whose_trial_was_mispriced_is_refined_too(monkeypatch):
-    monkeypatch.setattr(_auto, "REFINE_FAMILIES", 2)
-    monkeypatch.setattr(_auto, "REFINE_TRIALS", 1)
-    monkeypatch.setattr(_auto, "REFINE_WITHIN", 0.05)
-    monkeypatch.setattr(_auto, "REFINE_MAX_FAMILIES", 3)
-    monkeypatch.setattr(_auto, "REFINE_MISPRICED", 0.10)
+    _knobs(monkeypatch, REFINE_FAMILIES=2, REFINE_TRIALS=1, REFINE_WITHIN=0.05, REFINE_MAX_FAMILIES=3,
+           REFINE_MISPRICED=0.10)
     # GPT at 4 ranks, 1 Gbit/s: (schedule, update, predicted, measured) of the first round's trials.
     trials = [("dear", "sharded", 899.7, 979.4), ("usbyte", "replicated", 919.8, 833.6),
               ("dear", "replicated", 920.0, 879.5), ("bytescheduler", "replicated", 921.1, 806.0),
