@@ -2,8 +2,8 @@
 links libcudart and NCCL, which a CPU-only torch does not provide."""
 from __future__ import annotations
 
+import collections
 import datetime
-import itertools
 import os
 from types import ModuleType
 from typing import Optional
@@ -13,7 +13,10 @@ import torch.distributed as dist
 
 _REBUILD = ("rebuild with nvcc (CUDA_HOME) and NCCL's headers (pip install nvidia-nccl-cu13) present and a CUDA "
             "build of torch: DEARCOMM_CUDA=1 pip install --no-build-isolation -e .")
-_engine_ids = itertools.count()  # every rank builds engines in the same order
+# Engines built on each process group so far, by the group's name: a group's
+# members build its engines in the same order (building one is collective over
+# it), while a rank in several groups interleaves them its own way.
+_engines_built: "collections.Counter[str]" = collections.Counter()
 
 
 _load_error: Optional[str] = None  # why dearcomm._C_cuda did not import
@@ -50,9 +53,21 @@ def nccl_backend(group: dist.ProcessGroup, device: torch.device, timeout: dateti
                                   f"backend (dearcomm.build_info()['cuda'] is False); {_REBUILD}")
     if not torch.cuda.is_available():
         raise RuntimeError(f"dearcomm: parameters are on {device} but CUDA is not available in this process")
-    ranks = dist.get_process_group_ranks(group)
-    prefix = f"dearcomm/engine{next(_engine_ids)}/ranks{ranks[0]}-{ranks[-1]}x{len(ranks)}"
+    prefix = store_prefix(group)
     store = dist.distributed_c10d._get_default_store()
-    return module.nccl_backend(store, prefix, dist.get_rank(group), len(ranks),
+    return module.nccl_backend(store, prefix, dist.get_rank(group), dist.get_world_size(group),
                                device.index if device.index is not None else torch.cuda.current_device(),
                                timeout.total_seconds())
+
+
+def store_prefix(group: dist.ProcessGroup) -> str:
+    """The default store's keys for the next engine on `group`, the same on each of its members.
+
+    Counted per group, not per process: with groups {0, 1} and {0, 2}, rank 0
+    builds an engine on each while ranks 1 and 2 build one, and a count per
+    process would give rank 0's second engine a number rank 2 never reaches
+    (its NCCL id then waits on a key nobody sets until the store times out)."""
+    name = group.group_name  # torch gives a group the same name on every member
+    number = _engines_built[name]
+    _engines_built[name] += 1
+    return f"dearcomm/group{name}/engine{number}"
