@@ -10,7 +10,6 @@ collectives cost the backward they run beside.
 Rounds alternate the five, the first iteration after each switch dropped;
 medians of the slowest rank's backward.
 """
-import argparse
 import contextlib
 import os
 import statistics
@@ -23,8 +22,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import init, slowest, write_json  # noqa: E402
-from models import MODELS  # noqa: E402
+from common import init, model_rounds_parser, slowest, write_json  # noqa: E402
+from models import MODELS, fresh  # noqa: E402
 
 import dearcomm  # noqa: E402
 
@@ -45,19 +44,12 @@ def timed_backwards(model, optimizer, x, y, iters, context=contextlib.nullcontex
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=list(MODELS), default="resnet")
-    parser.add_argument("--batch", type=int, default=32, help="per rank")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--iters", type=int, default=3, help="per round, of each")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
+    args = model_rounds_parser(__doc__, MODELS, model="resnet", batch=32, rounds=6, iters=3).parse_args()
     init("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def make():
-        torch.manual_seed(0)
-        return MODELS[args.model]()
+        return fresh(args.model)
 
     def adamw(m):
         return torch.optim.AdamW(m.parameters(), lr=1e-4)

@@ -2,6 +2,7 @@
 syncs the right device, nccl-tests-style tables, and --json output."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -22,6 +23,20 @@ def init(backend: str) -> torch.device:
     dist.init_process_group("gloo")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // dist.get_world_size()))
     return torch.device("cpu")
+
+
+def model_rounds_parser(doc: str, models: Sequence[str], model: str, batch: int, rounds: int,
+                        iters: int) -> argparse.ArgumentParser:
+    """--model, --batch (per rank), --rounds, --iters (per round, of each
+    variant) and --json: the options of a benchmark that alternates variants
+    of one model's training in rounds."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=list(models), default=model)
+    parser.add_argument("--batch", type=int, default=batch, help="per rank")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--iters", type=int, default=iters, help="per round, of each")
+    parser.add_argument("--json", default="")
+    return parser
 
 
 def sync(device: torch.device) -> None:

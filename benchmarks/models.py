@@ -99,3 +99,9 @@ class TinyGPT(nn.Module):
 
 
 MODELS = {"mlp": WideMLP, "resnet": ResNetish, "gpt": TinyGPT, "widein": WideInputMLP}
+
+
+def fresh(name: str, **overrides) -> nn.Module:
+    """A fresh MODELS[name], the same on every rank (seed 0)."""
+    torch.manual_seed(0)
+    return MODELS[name](**overrides)

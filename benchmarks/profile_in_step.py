@@ -8,7 +8,6 @@ same model (no communication in either phase; the slowest rank's median).
 
 Rounds alternate the three, so that the machine's drift falls on all alike.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -19,27 +18,20 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import init, slowest, write_json  # noqa: E402
-from models import MODELS  # noqa: E402
+from common import init, model_rounds_parser, slowest, write_json  # noqa: E402
+from models import MODELS, fresh  # noqa: E402
 from train_bench import PHASES, iteration  # noqa: E402
 
 import dearcomm  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=list(MODELS), default="widein")
-    parser.add_argument("--batch", type=int, default=128, help="per rank")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--iters", type=int, default=5, help="per round, of each")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
+    args = model_rounds_parser(__doc__, MODELS, model="widein", batch=128, rounds=6, iters=5).parse_args()
     init("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def make():
-        torch.manual_seed(0)
-        return MODELS[args.model]()
+        return fresh(args.model)
     alone, in_step = make(), make()
     ddp = DistributedDataParallel(make())
     optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (alone, in_step, ddp)}

@@ -75,7 +75,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import slowest, write_json  # noqa: E402
 from contention import measure as measure_contention  # noqa: E402
 from bo_tuner import TRIALS, live_measure, tune_bucket_mb  # noqa: E402
-from models import MODELS  # noqa: E402
+from models import MODELS, fresh  # noqa: E402
 
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
@@ -238,9 +238,8 @@ def median_time(fn, iters, cpu=None):
 
 
 def make(args):
-    torch.manual_seed(0)
     overrides = {key: int(value) for key, value in (kv.split("=", 1) for kv in args.model_args)}
-    return MODELS[args.model](**overrides)
+    return fresh(args.model, **overrides)
 
 
 def measure_pieces(args, x, y):

@@ -1,8 +1,9 @@
 """Measure this job's network in place: time the three collectives the
 schedules use on the training process group at a few sizes and fit the
 simulator's α–β line to them (dearcomm.fit_network, unweighted: the
-largest sizes decide the bandwidth), in about a second on a 1 Gbit/s link. wrap()'s "auto" options start with it. On a CPU they are
-dearcomm's own collectives over the group (the engine's: gloo's
+largest sizes decide the bandwidth), in about a second on a 1 Gbit/s link.
+wrap()'s "auto" options start with it. On a CPU they are dearcomm's own
+collectives over the group (the engine's: gloo's
 reduce-scatter and all-gather cost far more than dearcomm's, which are built
 from point-to-point transfers), on a GPU torch's over NCCL.
 
