@@ -48,13 +48,10 @@ def main():
     init("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    def make():
-        return fresh(args.model)
-
     def adamw(m):
         return torch.optim.AdamW(m.parameters(), lr=1e-4)
-    profiled, plain, ddp = make(), make(), DistributedDataParallel(make())
-    base = make()
+    profiled, plain, ddp = fresh(args.model), fresh(args.model), DistributedDataParallel(fresh(args.model))
+    base = fresh(args.model)
     wrapped, wrapped_opt = dearcomm.wrap(base, adamw(base))
     optimizers = {m: adamw(m) for m in (profiled, plain, ddp)}
     x, y = plain.batch(args.batch, torch.Generator().manual_seed(rank))

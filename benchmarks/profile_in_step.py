@@ -29,11 +29,8 @@ def main():
     args = model_rounds_parser(__doc__, MODELS, model="widein", batch=128, rounds=6, iters=5).parse_args()
     init("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-
-    def make():
-        return fresh(args.model)
-    alone, in_step = make(), make()
-    ddp = DistributedDataParallel(make())
+    alone, in_step = fresh(args.model), fresh(args.model)
+    ddp = DistributedDataParallel(fresh(args.model))
     optimizers = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (alone, in_step, ddp)}
     x, y = alone.batch(args.batch, torch.Generator().manual_seed(rank))
     loss_fn = lambda out, batch: F.cross_entropy(out, batch[1])  # noqa: E731
