@@ -58,11 +58,32 @@ def resimulate(data) -> None:
         if "skipped" in run or name not in layouts:
             continue
         comm = {k: (v / 1e3 if k in ("rs", "ag", "ar") else v) for k, v in layouts[name].items()}
+        planned = run.get("planned")
+        if planned and "bucket_mb" not in planned and name.startswith("usbyte"):
+            planned = dict(planned, bucket_mb=usbyte_bucket_mb(name, args, profile, comm, data["world_size"], planned,
+                                                               names, run["buckets"]))
         seconds = simulated(name, args, profile, profile.step_ms, comm, data["world_size"],
                             contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown,
-                            planned=run.get("planned"), names=names)
+                            planned=planned, names=names)
         run["predicted_ms"] = seconds * 1e3
     contention["comm_slowdown"] = comm_slowdown
+
+
+def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: int) -> float:
+    """The bucket_mb a usbyte run trained with, for files written before
+    runs recorded it: a plan fuses the small parameters into buckets of half
+    its unit, one of dearcomm.usbyte.UNITS_MB (to within a partition unit),
+    so the one whose layout has as many buckets as the run measured."""
+    from train_bench import simulation
+
+    from dearcomm.usbyte import UNITS_MB
+
+    for mb in UNITS_MB:
+        layout = simulation(name, args, profile, profile.step_ms, comm, world, planned=dict(planned, bucket_mb=mb / 2),
+                            names=names).layout
+        if len(layout.buckets) == buckets:
+            return mb / 2
+    raise ValueError(f"{name}: no unit of {UNITS_MB} MiB lays out the run's {buckets} buckets")
 
 
 def summarise(path: Path, again: bool = False):

@@ -349,8 +349,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     its collectives run beside compute, which they do not on CPU), with
     buckets of --bucket-mb standing in for its units. auto and dear-bo: with
     the options they chose (``chosen``); usbyte and deft with what they
-    planned (``planned``: blocks, priorities and delays by parameter name;
-    ``names``: the profile's)."""
+    planned (``planned``: blocks, priorities and delays by parameter name,
+    and the bucket_mb the plan set; ``names``: the profile's)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -371,6 +371,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes)
     extra = {}
+    if planned is not None and schedule in PLANNED_SCHEDULES:
+        bucket_mb = planned.get("bucket_mb", bucket_mb)
     if planned is not None and schedule == "usbyte":
         extra = dict(blocks=[list(planned["blocks"].get(n, ())) for n in names],
                      priorities=[planned["priorities"].get(n) for n in names])
@@ -728,6 +730,8 @@ def main():
         runtime = getattr(runs[name][0], "_dear", None)
         planned = {k: getattr(runtime.options, k) or {} for k in ("blocks", "priorities", "delays")} \
             if runtime is not None else None
+        if planned and any(planned.values()):
+            planned["bucket_mb"] = runtime.options.bucket_mb  # the planner's (usbyte's: its unit), not --bucket-mb
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen, planned=planned,
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])

@@ -29,10 +29,15 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
                   double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                   const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
-                  double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes) {
+                  double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
+                  const std::vector<std::vector<double>>& grad_ready_s) {
+  TORCH_CHECK_VALUE(grad_ready_s.empty() || grad_ready_s.size() == modules.size(), "dearcomm: grad_ready_s has ",
+                    grad_ready_s.size(), " entries for ", modules.size(), " modules");
   sim::Profile profile;
   for (const auto& [name, forward_s, backward_s, params] : modules) {
-    profile.modules.push_back({name, forward_s, backward_s, params});
+    const size_t m = profile.modules.size();
+    profile.modules.push_back({name, forward_s, backward_s, params, grad_ready_s.empty() ? std::vector<double>{}
+                                                                                         : grad_ready_s[m]});
   }
   profile.step_s = step_s;
   profile.param_numels = param_numels;
@@ -113,15 +118,17 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
                          const std::vector<std::tuple<std::string, double, double, std::vector<int64_t>>>& modules,
                          double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                          const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
-                         double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes) {
+                         double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
+                         const std::vector<std::vector<double>>& grad_ready_s) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
           return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations,
-                          compute_slowdown, comm_slowdown, all_reduce_lanes);
+                          compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
         py::arg("schedule"), py::arg("costs"), py::arg("iterations"), py::arg("compute_slowdown") = 1.0,
         py::arg("comm_slowdown") = 1.0, py::arg("all_reduce_lanes") = 1,
+        py::arg("grad_ready_s") = std::vector<std::vector<double>>{},
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
 }
 

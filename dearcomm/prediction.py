@@ -35,13 +35,17 @@ class ModuleProfile:
     and the element counts of the parameters its forward reads (each
     parameter belongs to exactly one module), all of ``dtype`` unless
     ``param_dtypes`` gives each its own (buckets hold one dtype each, so a
-    module of mixed dtypes lays out otherwise)."""
+    module of mixed dtypes lays out otherwise). ``grad_ready_ms``: per
+    parameter, how far into the module's backward its gradient is ready (0
+    to ``backward_ms``; a TrainingProfile carries what it measured); empty:
+    every gradient at the end of the module's backward."""
     name: str
     forward_ms: float
     backward_ms: float
     param_numels: Sequence[int] = ()
     dtype: torch.dtype = torch.float32
     param_dtypes: Sequence[torch.dtype] = ()
+    grad_ready_ms: Sequence[float] = ()
 
     def dtypes(self) -> List[torch.dtype]:
         """Each parameter's dtype."""
@@ -180,7 +184,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not isinstance(network, Network):
         raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
     _check_number("step_ms", step_ms, allow_zero=True)
-    numels, dtypes, modules = _modules(profile)
+    numels, dtypes, modules, grad_ready_s = _modules(profile)
     per_param = [list(b) for b in blocks] if blocks is not None else []
     if per_param and len(per_param) != len(numels):
         raise ValueError(f"dearcomm: blocks has {len(per_param)} entries; the profile has {len(numels)} parameters")
@@ -207,7 +211,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
         raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
-                      float(network.compute_slowdown), float(network.comm_slowdown), lanes)
+                      float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s)
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:
@@ -217,14 +221,17 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
                       spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout)
 
 
-def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, float, float, List[int]]]]:
-    """A profile's parameters (numels, dtypes, in forward order) and modules
-    (name, forward s, backward s, their parameters' positions), checked."""
+def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, float, float, List[int]]],
+                               List[List[float]]]:
+    """A profile's parameters (numels, dtypes, in forward order), modules
+    (name, forward s, backward s, their parameters' positions) and per module
+    its gradients' ready times (s into its backward; [] for all at its end),
+    checked."""
     from .profiler import TrainingProfile
 
     if isinstance(profile, TrainingProfile):
         profile = profile.for_simulation()
-    numels, dtypes, modules = [], [], []
+    numels, dtypes, modules, grad_ready_s = [], [], [], []
     for m in profile:
         if not isinstance(m, ModuleProfile):
             raise TypeError(f"dearcomm: the profile holds ModuleProfile entries, got {type(m).__name__}")
@@ -240,13 +247,22 @@ def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, flo
             if not isinstance(d, torch.dtype) or not d.is_floating_point:
                 raise ValueError(f"dearcomm: module {m.name!r} has a parameter of dtype {d!r}; expected a "
                                  "floating-point torch.dtype")
+        if m.grad_ready_ms and len(m.grad_ready_ms) != len(m.param_numels):
+            raise ValueError(f"dearcomm: module {m.name!r} has {len(m.param_numels)} parameters but "
+                             f"{len(m.grad_ready_ms)} grad_ready_ms")
+        for at in m.grad_ready_ms:
+            _check_number(f"module {m.name!r} grad_ready_ms", at, allow_zero=True)
+            if at > m.backward_ms:
+                raise ValueError(f"dearcomm: module {m.name!r} has a gradient ready {at} ms into its backward, "
+                                 f"after its backward_ms ({m.backward_ms})")
         first = len(numels)
         numels += list(m.param_numels)
         dtypes += m.dtypes()
         modules.append((m.name, m.forward_ms * 1e-3, m.backward_ms * 1e-3, list(range(first, len(numels)))))
+        grad_ready_s.append([at * 1e-3 for at in m.grad_ready_ms])
     if not numels:
         raise ValueError("dearcomm: the profile has no parameter; nothing to communicate")
-    return numels, dtypes, modules
+    return numels, dtypes, modules, grad_ready_s
 
 
 def bucket_layout(profile, *, world_size: int, schedule: str = "dear", update: Optional[str] = None,
@@ -257,7 +273,7 @@ def bucket_layout(profile, *, world_size: int, schedule: str = "dear", update: O
     lay out the same buckets train alike under one schedule (autotune.plan
     simulates one of them)."""
     _check_world_size(world_size)
-    numels, dtypes, _ = _modules(profile)
+    numels, dtypes, _, _ = _modules(profile)
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb)
     return _C.plan_buckets(numels, dtypes, options.bucket_cap_bytes, world_size, options.partition_bytes, [])

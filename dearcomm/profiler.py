@@ -91,7 +91,26 @@ class TrainingProfile:
         forward = _to_total(self.forward_ms, [m.forward_ms for m in self.modules])
         backward = _to_total(self.backward_ms, [m.backward_ms for m in self.modules])
         return [ModuleProfile(m.name, m.forward_ms * forward, m.backward_ms * backward, [p.numel for p in m.params],
-                              _dominant_dtype(m), [p.dtype for p in m.params]) for m in self.modules]
+                              _dominant_dtype(m), [p.dtype for p in m.params],
+                              [f * m.backward_ms * backward for f in shares])
+                for m, shares in zip(self.modules, self._grad_ready_shares())]
+
+    def _grad_ready_shares(self) -> List[List[float]]:
+        """Per module, per parameter: how far into the module's backward its
+        gradient is ready, as a share of it (0 to 1). A module's backward runs
+        from the gradient before it (in backward order) to its own last one;
+        the tail that the first module also counts (backward after the last
+        gradient) comes before its gradients here, as it does with all of a
+        module's gradients at its end."""
+        shares: List[List[float]] = [[] for _ in self.modules]
+        begin = 0.0  # the module's backward begins at the previous one's last gradient (from the end of forward)
+        for i in reversed(range(len(self.modules))):
+            ready = [p.grad_ready_ms for p in self.modules[i].params]
+            end = max(ready, default=begin)
+            span = end - begin
+            shares[i] = [min(1.0, max(0.0, (r - begin) / span)) if span > 0 else 1.0 for r in ready]
+            begin = max(begin, end)
+        return shares
 
     @property
     def num_params(self) -> int:

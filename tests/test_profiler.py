@@ -194,6 +194,26 @@ def test_the_simulated_modules_add_up_to_the_whole_forward_and_backward():
     assert [(m.forward_ms, m.backward_ms) for m in no_totals.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
 
 
+def test_the_simulated_modules_place_each_gradient_where_it_was_measured():
+    # b runs first in backward: gradients at 3 and 1 ms of its 3; a from 3 to 5: at 5 and 4 (and one measured
+    # before a's backward began, clamped to its start). Backward 10 ms in all: each module's time doubles.
+    # Each parameter's gradient comes before the one before it in forward order, as backward reaches them.
+    def params(name, *ready):
+        return [ParamProfile(f"{name}.p{i}", 10, torch.float32, r) for i, r in enumerate(ready)]
+    modules = [ProfiledModule("a", 1.0, 2.0, params("a", 5.0, 4.0, 2.5)),
+               ProfiledModule("b", 1.0, 3.0, params("b", 3.0, 1.0))]
+    prof = TrainingProfile(modules=modules, step_ms=0.0, forward_ms=2.0, backward_ms=10.0, machine={}, iterations=1)
+    a, b = prof.for_simulation()
+    assert (b.backward_ms, b.grad_ready_ms) == (pytest.approx(6.0), [pytest.approx(6.0), pytest.approx(2.0)])
+    assert (a.backward_ms, a.grad_ready_ms) == (pytest.approx(4.0), [pytest.approx(4.0), pytest.approx(2.0), 0.0])
+    # wfbp over a free network, a bucket per parameter: each all-reduce starts as its gradient is ready
+    # (forward [0, 2]; b's at 2 + 2 and 2 + 6; a's at 8 + 0, 8 + 2, 8 + 4), not all at their module's end.
+    # wfbp issues buckets last first, so this order is what lets each go when ready.
+    p = simulate(prof, world_size=2, network=Network(alpha_us=0.0, gbit_s=1e9), schedule="wfbp", bucket_mb=0,
+                 iterations=1)
+    assert sorted(op["start_ms"] for op in p.ops) == [pytest.approx(t, abs=1e-3) for t in (4, 8, 8, 10, 12)]
+
+
 def test_median_of_takes_each_time_s_median_across_profiles():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))

@@ -159,6 +159,25 @@ def test_hand_computed_all_reduces_sharing_the_link_two_at_a_time():
     assert timeline("deft", 2) == one_at_a_time
 
 
+def test_hand_computed_timeline_with_gradients_spread_over_a_module_s_backward():
+    """One module, two 1 MiB parameters (a bucket each), backward 2 ms; the
+    second's gradient ready 0.5 ms into it, the first's at its end."""
+    module = ModuleProfile("m", forward_ms=1.0, backward_ms=2.0, param_numels=[NUMEL, NUMEL], grad_ready_ms=[2.0, 0.5])
+
+    def timeline(profile):
+        p = dearcomm.simulate(profile, schedule="wfbp", world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0,
+                              iterations=1)
+        return sorted((op["bucket"], op["start_ms"], op["end_ms"]) for op in p.ops), p.iteration_ms
+
+    # fwd [0,1]; AR1 [1.5,3.5]; AR0 ready at 3, behind it [3.5,5.5]; backward waits to 5.5; step [5.5,7.5]
+    assert timeline([module]) == ([(0, pytest.approx(3.5), pytest.approx(5.5)),
+                                   (1, pytest.approx(1.5), pytest.approx(3.5))], pytest.approx(7.5))
+    # Without the spacing both are ready at 3: AR1 [3,5], AR0 [5,7], step [7,9].
+    whole = dataclasses.replace(module, grad_ready_ms=())
+    assert timeline([whole]) == ([(0, pytest.approx(5), pytest.approx(7)), (1, pytest.approx(3), pytest.approx(5))],
+                                 pytest.approx(9))
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
@@ -217,6 +236,13 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[0.5, 1.0])]), ValueError,
+     "1 parameters but 2 grad_ready_ms"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[1.5])]), ValueError,
+     "gradient ready 1.5 ms into its backward, after its backward_ms"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[-0.5])]), ValueError, "grad_ready_ms must be"),
+    (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[math.nan])]), ValueError,
+     "grad_ready_ms must be"),
 ])
 def test_bad_inputs_get_clear_errors(kwargs, error, match):
     args = dict(profile=PROFILE, world_size=2, network=NETWORK)

@@ -1,6 +1,7 @@
 // What the simulated device computes with: per module (forward order) its
-// forward and backward time and the parameters it reads, and the optimizer's
-// time over the whole model. Standard C++ only.
+// forward and backward time, the parameters it reads and when in its backward
+// each gradient is ready, and the optimizer's time over the whole model.
+// Standard C++ only.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,10 @@ struct ModuleCost {
   double forward_s = 0.0;
   double backward_s = 0.0;
   std::vector<int64_t> params;  // engine-order indices of the parameters its forward reads
+  // Per parameter, how far into backward_s its gradient is ready (gradients
+  // of one module arrive spread out: a schedule that sizes its sends to the
+  // gaps between them sees those gaps); empty: all at the end.
+  std::vector<double> grad_ready_s;
 };
 
 struct Profile {

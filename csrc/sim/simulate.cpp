@@ -3,7 +3,9 @@
 #include "core/check.h"
 #include "core/executor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 
@@ -26,6 +28,14 @@ void Profile::check(int64_t num_params) const {
       DEARCOMM_CORE_CHECK(p >= 0 && p < num_params, std::invalid_argument, "dearcomm: module '", m.name,
                           "' reads parameter ", p, " of ", num_params);
       readers[p] += 1;
+    }
+    DEARCOMM_CORE_CHECK(m.grad_ready_s.empty() || m.grad_ready_s.size() == m.params.size(), std::invalid_argument,
+                        "dearcomm: module '", m.name, "' gives ", m.grad_ready_s.size(), " gradient-ready times for ",
+                        m.params.size(), " parameters");
+    for (double at : m.grad_ready_s) {
+      DEARCOMM_CORE_CHECK(std::isfinite(at) && at >= 0 && at <= m.backward_s, std::invalid_argument,
+                          "dearcomm: module '", m.name, "' has a gradient ready ", at,
+                          " s into its backward; expected 0 to its backward time, ", m.backward_s, " s");
     }
   }
   for (int64_t p = 0; p < num_params; ++p) {
@@ -62,6 +72,33 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
   executor.set_recording(true);
 
   Result result;
+  // A module's backward: its gradients ready as the profile spaces them
+  // (stable: the profile's order among those ready at once).
+  auto backward = [&](const ModuleCost& module) {
+    const std::string name = "backward " + module.name;
+    if (module.grad_ready_s.empty()) {
+      device.compute(name, module.backward_s);
+      for (int64_t p : module.params) {
+        executor.grad_ready(p);
+      }
+      return;
+    }
+    std::vector<size_t> order(module.params.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return module.grad_ready_s[a] < module.grad_ready_s[b]; });
+    double done = 0.0;
+    for (size_t k : order) {
+      if (module.grad_ready_s[k] > done) {
+        device.compute(name, module.grad_ready_s[k] - done);
+        done = module.grad_ready_s[k];
+      }
+      executor.grad_ready(module.params[k]);
+    }
+    if (module.backward_s > done || module.params.empty()) {
+      device.compute(name, module.backward_s - done);
+    }
+  };
   auto forward = [&] {
     result.iteration_starts_s.push_back(device.now());
     for (size_t m = 0; m < profile.modules.size(); ++m) {
@@ -75,10 +112,7 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
     device.set_iteration(it);
     forward();
     for (size_t m = profile.modules.size(); m-- > 0;) {
-      device.compute("backward " + profile.modules[m].name, profile.modules[m].backward_s);
-      for (int64_t p : profile.modules[m].params) {
-        executor.grad_ready(p);
-      }
+      backward(profile.modules[m]);
     }
     executor.end_backward();
     executor.begin_step(/*averages_needed=*/false);

@@ -4,7 +4,8 @@
 //
 // Each iteration: the forward runs the modules in order, each first making
 // its buckets current (require_bucket); the backward runs them in reverse,
-// each module's parameters becoming ready as its backward ends; then
+// each module's parameters becoming ready where the profile places them in
+// its backward (all at its end where it does not); then
 // end_backward, step() (the update at step: the shard, or the whole model,
 // or nothing for an update before use) and end_step. One more forward after
 // the last iteration consumes what its step left pending.
