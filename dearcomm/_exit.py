@@ -16,7 +16,10 @@ aborts like that in 7 of 60 runs of a two-step script (README, *Exit*).
 
 dearcomm's own collectives hold no Python object (csrc/backends/cpu/python_tls.h);
 this handler covers the ones it does not launch, in any process that wrapped a
-model: it releases the GIL once, briefly, before finalization, so that a worker
+model or measured in lockstep (profile(group=), measure_contention: their
+meetings are torch collectives; a job that only profiled aborted at exit in 4
+of 30 torchrun runs without it): it releases the GIL once, briefly, before
+finalization, so that a worker
 waiting for it finishes then. Also after destroy_process_group(): it shuts the
 backends down, but gloo's has no shutdown of its own, and its workers live on
 until the last reference to the group goes (a DDP model keeps one), which may
@@ -36,7 +39,7 @@ _installed = False
 
 
 def install() -> None:
-    """Registers the handler once per process (wrap() calls it)."""
+    """Registers the handler once per process (wrap() and Lockstep call it)."""
     global _installed
     if not _installed:
         atexit.register(let_collective_threads_finish)

@@ -10,6 +10,8 @@ from typing import Any, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from . import _exit
+
 
 class PeerFailed(ValueError):
     """Some rank of the group failed while measuring; the message says which
@@ -32,6 +34,7 @@ class Lockstep:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"dearcomm: group must be a torch.distributed ProcessGroup (dist.group.WORLD or "
                             f"one from dist.new_group()), got {type(group).__name__}")
+        _exit.install()  # its collectives run on c10d's workers, which must not outlive Python (_exit.py)
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.device = device if device.type == "cuda" else torch.device("cpu")

@@ -29,12 +29,17 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="train a torch DDP copy beside it, each step after dearcomm's")
     parser.add_argument("--scaler", action="store_true", help="torch.amp.GradScaler('cpu') on both")
     parser.add_argument("--drop", action="store_true", help="del the model and optimizer, and collect, before exiting")
+    parser.add_argument("--profile-in-step", action="store_true",
+                        help="no training: dearcomm.profile(group=) of a small model on every rank, then exit")
     parser.add_argument("--compare", action="store_true",
                         help="a user's first comparison script instead: a small MLP wrapped with --schedule beside "
                              "torch DDP, two GradScaler steps each, sync(), print the largest difference")
     args = parser.parse_args()
     if args.compare:
         compare(args.schedule, args.update)
+        return
+    if args.profile_in_step:
+        profile_in_step(args.destroy)
         return
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -111,6 +116,22 @@ def compare(schedule, update) -> None:
             scale.update()
     model.sync()
     print(dist.get_rank(), max((a - b).abs().max().item() for a, b in zip(model.parameters(), ddp.parameters())))
+
+
+def profile_in_step(destroy: bool) -> None:
+    """The ranks profiled in step (dearcomm.profile(group=), as a script
+    comparing its predictions does) and nothing else: its meetings are torch
+    collectives, launched by the profiling thread, which aborted at exit
+    under torchrun in 2 of 2 runs before dearcomm/_lockstep.py installed the
+    exit handler."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    dearcomm.profile(model, torch.randn(16, 64), torch.optim.AdamW(model.parameters()), iterations=3,
+                     group=dist.group.WORLD)
+    if destroy:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
