@@ -30,7 +30,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                   const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                   double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
-                  const std::vector<std::vector<double>>& grad_ready_s) {
+                  const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
+                  double average_s_per_byte) {
   TORCH_CHECK_VALUE(grad_ready_s.empty() || grad_ready_s.size() == modules.size(), "dearcomm: grad_ready_s has ",
                     grad_ready_s.size(), " entries for ", modules.size(), " modules");
   sim::Profile profile;
@@ -40,6 +41,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                                                                                          : grad_ready_s[m]});
   }
   profile.step_s = step_s;
+  profile.pack_s_per_byte = pack_s_per_byte;
+  profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
   const sim::CostModel cost(layout.world_size, cost_of(costs, "reduce_scatter"), cost_of(costs, "all_gather"),
                             cost_of(costs, "all_reduce"), compute_slowdown, comm_slowdown, all_reduce_lanes);
@@ -119,16 +122,19 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
                          double step_s, const std::vector<int64_t>& param_numels, const ScheduleChoice& schedule,
                          const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                          double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
-                         const std::vector<std::vector<double>>& grad_ready_s) {
+                         const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
+                         double average_s_per_byte) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
           return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations,
-                          compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s);
+                          compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s, pack_s_per_byte,
+                          average_s_per_byte);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
         py::arg("schedule"), py::arg("costs"), py::arg("iterations"), py::arg("compute_slowdown") = 1.0,
         py::arg("comm_slowdown") = 1.0, py::arg("all_reduce_lanes") = 1,
-        py::arg("grad_ready_s") = std::vector<std::vector<double>>{},
+        py::arg("grad_ready_s") = std::vector<std::vector<double>>{}, py::arg("pack_s_per_byte") = 0.0,
+        py::arg("average_s_per_byte") = 0.0,
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
 }
 

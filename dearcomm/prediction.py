@@ -27,6 +27,7 @@ from ._delays import bucket_delays
 from ._priorities import bucket_priorities
 
 KINDS = ("reduce_scatter", "all_gather", "all_reduce")
+MIB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +159,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
              comm_dtype: Optional[torch.dtype] = None, iterations: int = 3,
              blocks: Optional[Sequence[Sequence[int]]] = None,
              priorities: Optional[Sequence[Optional[int]]] = None,
-             delays: Optional[Sequence[int]] = None, max_delay: Optional[int] = None) -> Prediction:
+             delays: Optional[Sequence[int]] = None, max_delay: Optional[int] = None,
+             pack_ms_per_mib: Optional[float] = None, average_ms_per_mib: Optional[float] = None) -> Prediction:
     """Runs ``iterations`` iterations of ``schedule`` on the simulated device
     and returns the prediction. ``profile``: a dearcomm.TrainingProfile
     (dearcomm.profile() measures one) or a list of ModuleProfile.
@@ -170,12 +172,22 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     dearcomm.usbyte's plans give both. ``delays`` (schedule="deft"): per
     parameter, iterations late (dearcomm.deft's plans give them); the first
     ``max(delays)`` iterations then apply nothing of the delayed buckets, so
-    simulate a few more iterations and read the last."""
+    simulate a few more iterations and read the last.
+    ``pack_ms_per_mib`` and ``average_ms_per_mib``: what the host pays per
+    MiB of a reduction's bucket, on the compute stream, to copy the
+    gradients in at its issue and to divide the reduced bytes after its wait
+    (a loop whose ``zero_grad()`` sets .grad to None, the default, packs
+    every gradient; one that keeps .grad as the bucket view packs none);
+    default: the TrainingProfile's (dearcomm.profile() measures both), else 0."""
     from .profiler import TrainingProfile
 
     if isinstance(profile, TrainingProfile):
         step_ms = profile.step_ms if step_ms is None else step_ms
+        pack_ms_per_mib = profile.pack_ms_per_mib if pack_ms_per_mib is None else pack_ms_per_mib
+        average_ms_per_mib = profile.average_ms_per_mib if average_ms_per_mib is None else average_ms_per_mib
     step_ms = 0.0 if step_ms is None else step_ms
+    pack_ms_per_mib = 0.0 if pack_ms_per_mib is None else pack_ms_per_mib
+    average_ms_per_mib = 0.0 if average_ms_per_mib is None else average_ms_per_mib
     options = WrapOptions(schedule=schedule, update=update, bucket_mb=bucket_mb, partition_mb=partition_mb,
                           credit_mb=credit_mb, comm_dtype=comm_dtype, max_delay=max_delay)
     _check_world_size(world_size)
@@ -184,6 +196,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not isinstance(network, Network):
         raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
     _check_number("step_ms", step_ms, allow_zero=True)
+    _check_number("pack_ms_per_mib", pack_ms_per_mib, allow_zero=True)
+    _check_number("average_ms_per_mib", average_ms_per_mib, allow_zero=True)
     numels, dtypes, modules, grad_ready_s = _modules(profile)
     per_param = [list(b) for b in blocks] if blocks is not None else []
     if per_param and len(per_param) != len(numels):
@@ -211,7 +225,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
         raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
-                      float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s)
+                      float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
+                      pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB)
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

@@ -1,7 +1,9 @@
 """Profile a model's training iteration on this machine, in the form the
 simulator reads (dearcomm.simulate): per-module forward and backward times,
-when each gradient becomes ready, the parameters' sizes in forward order and
-the optimizer step's time.
+when each gradient becomes ready, the parameters' sizes in forward order,
+the optimizer step's time, and what copying the gradients into a flat
+buffer and dividing it in place cost per MiB (the engine's pack and average
+of a bucket, timed after each backward).
 
     profile = dearcomm.profile(model, (x, y), optimizer, loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]))
     profile.save("profile.json")                  # with the machine and torch versions
@@ -49,6 +51,7 @@ from ._lockstep import Lockstep
 from .prediction import ModuleProfile
 
 FORMAT = "dearcomm-profile"
+PASS_BYTES = 256 * 2**20  # the most gradient memory a profile copies to time a pack
 VERSION = 1
 
 
@@ -80,6 +83,11 @@ class TrainingProfile:
     backward_ms: float
     machine: Dict[str, Any]
     iterations: int
+    pack_ms_per_mib: float = 0.0
+    """Copying gradients into a flat buffer, per MiB (what the engine's pack of
+    a bucket costs the host where .grad is not the bucket view)."""
+    average_ms_per_mib: float = 0.0
+    """Dividing a flat buffer in place, per MiB (the average after a reduction)."""
 
     def for_simulation(self) -> List[ModuleProfile]:
         """The modules as dearcomm.simulate reads them, their times scaled to
@@ -119,6 +127,7 @@ class TrainingProfile:
     def to_dict(self) -> Dict[str, Any]:
         return dict(format=FORMAT, version=VERSION, machine=self.machine, iterations=self.iterations,
                     step_ms=self.step_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                    pack_ms_per_mib=self.pack_ms_per_mib, average_ms_per_mib=self.average_ms_per_mib,
                     modules=[dict(name=m.name, forward_ms=m.forward_ms, backward_ms=m.backward_ms,
                                   params=[dict(name=p.name, numel=p.numel, dtype=str(p.dtype).replace("torch.", ""),
                                                grad_ready_ms=p.grad_ready_ms) for p in m.params])
@@ -149,7 +158,9 @@ class TrainingProfile:
                    for i, m in enumerate(profiles[0].modules)]
         return cls(modules=modules, step_ms=med(p.step_ms for p in profiles),
                    forward_ms=med(p.forward_ms for p in profiles), backward_ms=med(p.backward_ms for p in profiles),
-                   machine=profiles[0].machine, iterations=sum(p.iterations for p in profiles))
+                   machine=profiles[0].machine, iterations=sum(p.iterations for p in profiles),
+                   pack_ms_per_mib=med(p.pack_ms_per_mib for p in profiles),
+                   average_ms_per_mib=med(p.average_ms_per_mib for p in profiles))
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: str = "the profile") -> "TrainingProfile":
@@ -259,6 +270,8 @@ class _Probe:
         for p in params:
             self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         self.forward_order: Optional[List[nn.Module]] = None
+        self.params = list(params)
+        self.flat: Optional[torch.Tensor] = None  # _passes()'s buffer
 
     def now(self) -> float:
         if self.cuda:
@@ -301,7 +314,9 @@ class _Probe:
         loss = compute_loss()
         forward_end = self.now()
         loss.backward()
-        backward_end = step_start = step_end = self.now()
+        backward_end = self.now()
+        pack_per_mib, average_per_mib = self._passes()
+        step_start = step_end = self.now()
         if optimizer is not None:
             self._meet()
             step_start = self.now()
@@ -314,7 +329,31 @@ class _Probe:
             raise ValueError("dearcomm: the model's modules ran in another order than in the first iteration; "
                              "profile a model whose forward does the same work every iteration")
         return dict(start=start, forward_end=forward_end, backward_end=backward_end, step_start=step_start,
-                    step_end=step_end, calls=self.calls, ready=self.ready)
+                    step_end=step_end, calls=self.calls, ready=self.ready, pack_per_mib=pack_per_mib,
+                    average_per_mib=average_per_mib)
+
+    def _passes(self) -> Tuple[float, float]:
+        """Seconds per MiB to copy this backward's gradients into a flat
+        buffer (the engine's pack) and to divide it in place (its average):
+        the gradients of the first parameters' dtype, up to PASS_BYTES."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [g for g in grads if g.dtype == grads[0].dtype]
+        chosen, size = [], 0
+        for g in grads:
+            if chosen and size + g.nbytes > PASS_BYTES:
+                break
+            chosen.append(g.reshape(-1))
+            size += g.nbytes
+        if self.flat is None or self.flat.dtype != chosen[0].dtype or self.flat.numel() < sum(map(len, chosen)):
+            self.flat = torch.empty(sum(map(len, chosen)), dtype=chosen[0].dtype, device=chosen[0].device)
+        flat = self.flat[:sum(map(len, chosen))]
+        begin = self.now()
+        torch.cat(chosen, out=flat)
+        packed = self.now()
+        flat.div_(2)
+        averaged = self.now()
+        mib = flat.nbytes / 2**20
+        return (packed - begin) / mib, (averaged - packed) / mib
 
     def remove(self) -> None:
         for h in self.handles:
@@ -375,7 +414,8 @@ def _per_iteration(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn
                           ready=[s["ready"][p] - s["forward_end"] for m in order for p in owned[m]],
                           forward_total=s["forward_end"] - s["start"],
                           backward_total=s["backward_end"] - s["forward_end"],
-                          step=s["step_end"] - s["step_start"]))
+                          step=s["step_end"] - s["step_start"], pack_per_mib=s["pack_per_mib"],
+                          average_per_mib=s["average_per_mib"]))
     layout = [(probe.names[m], [(params[p], p.numel(), str(p.dtype).replace("torch.", "")) for p in owned[m]])
               for m in order]
     return layout, timed
@@ -414,7 +454,8 @@ def _summarise(layout: _Layout, timed: List[_Timed], machine: Dict[str, Any], it
     return TrainingProfile(modules=modules, step_ms=med(t["step"] for t in timed),
                            forward_ms=med(t["forward_total"] for t in timed),
                            backward_ms=med(t["backward_total"] for t in timed), machine=machine,
-                           iterations=iterations)
+                           iterations=iterations, pack_ms_per_mib=med(t["pack_per_mib"] for t in timed),
+                           average_ms_per_mib=med(t["average_per_mib"] for t in timed))
 
 
 def _readers(model: nn.Module, called: List[nn.Module], params: Dict[nn.Parameter, str]
@@ -519,7 +560,10 @@ def _parse(data: Any, source: str) -> TrainingProfile:
     machine = data.get("machine", {})
     if not isinstance(machine, dict):
         raise fail("machine must be an object")
+    # Profiles saved before these were measured read 0: no pack or average cost.
+    passes = {key: time_ms(data, key, "the profile") if key in data else 0.0
+              for key in ("pack_ms_per_mib", "average_ms_per_mib")}
     return TrainingProfile(modules=parsed, step_ms=time_ms(data, "step_ms", "the profile"),
                            forward_ms=time_ms(data, "forward_ms", "the profile"),
                            backward_ms=time_ms(data, "backward_ms", "the profile"), machine=machine,
-                           iterations=iterations)
+                           iterations=iterations, **passes)

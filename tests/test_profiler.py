@@ -169,11 +169,32 @@ def test_save_load_and_simulate(tmp_path):
     assert loaded.machine["torch"] == torch.__version__
     network = Network(alpha_us=30, gbit_s=10)
     direct = simulate(loaded, world_size=4, network=network)
-    listed = simulate(loaded.for_simulation(), world_size=4, network=network, step_ms=loaded.step_ms)
+    listed = simulate(loaded.for_simulation(), world_size=4, network=network, step_ms=loaded.step_ms,
+                      pack_ms_per_mib=loaded.pack_ms_per_mib, average_ms_per_mib=loaded.average_ms_per_mib)
     assert direct.iteration_ms == listed.iteration_ms
     assert direct.iteration_ms >= loaded.forward_ms + loaded.backward_ms - 1e-6
     no_step = simulate(loaded, world_size=4, network=network, step_ms=0.0)
     assert no_step.iteration_ms <= direct.iteration_ms
+
+
+def test_the_pack_and_average_of_a_bucket_are_measured_and_simulated(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))  # 4 MiB of gradients
+    prof = dearcomm.profile(model, torch.randn(16, 512), torch.optim.SGD(model.parameters(), lr=0.1), iterations=2)
+    assert prof.pack_ms_per_mib > 0 and prof.average_ms_per_mib > 0
+    network = Network(alpha_us=0.0, gbit_s=1e9)
+    with_passes = simulate(prof, world_size=2, network=network, schedule="wfbp").iteration_ms
+    without = simulate(prof, world_size=2, network=network, schedule="wfbp", pack_ms_per_mib=0.0,
+                       average_ms_per_mib=0.0).iteration_ms
+    # A free network: every pack and average is on the iteration's path, once per byte.
+    mib = sum(p.numel() * 4 for p in model.parameters()) / 2**20
+    assert with_passes - without == pytest.approx(mib * (prof.pack_ms_per_mib + prof.average_ms_per_mib), rel=1e-3)
+    # A profile saved before they were measured reads 0 for both.
+    data = prof.to_dict()
+    del data["pack_ms_per_mib"], data["average_ms_per_mib"]
+    older = TrainingProfile.from_dict(data)
+    assert (older.pack_ms_per_mib, older.average_ms_per_mib) == (0.0, 0.0)
+    assert simulate(older, world_size=2, network=network, schedule="wfbp").iteration_ms == pytest.approx(without)
 
 
 def test_the_simulated_modules_add_up_to_the_whole_forward_and_backward():
@@ -221,7 +242,7 @@ def test_median_of_takes_each_time_s_median_across_profiles():
 
     def scaled(k):  # the same model, every time k times longer
         data = base.to_dict()
-        for key in ("step_ms", "forward_ms", "backward_ms"):
+        for key in ("step_ms", "forward_ms", "backward_ms", "pack_ms_per_mib", "average_ms_per_mib"):
             data[key] = k * (1 + data[key])
         for m in data["modules"]:
             m.update(forward_ms=k * (1 + m["forward_ms"]), backward_ms=k * (1 + m["backward_ms"]))
@@ -253,6 +274,8 @@ def _saved(tmp_path):
     (lambda d: d["modules"][0]["params"][0].update(numel=0), "numel = 0"),
     (lambda d: d["modules"][0]["params"][0].update(dtype="int64"), "dtype 'int64'"),
     (lambda d: d.update(step_ms=math.nan), "step_ms = nan"),
+    (lambda d: d.update(pack_ms_per_mib=-1.0), "pack_ms_per_mib = -1.0"),
+    (lambda d: d.update(average_ms_per_mib="fast"), "average_ms_per_mib = 'fast'"),
     (lambda d: d.update(modules=[]), "no modules"),
     (lambda d: d["modules"].append(dict(d["modules"][0])), "module '0' appears twice"),
     (lambda d: d.update(version=99), "profile version 99"),

@@ -178,6 +178,26 @@ def test_hand_computed_timeline_with_gradients_spread_over_a_module_s_backward()
                                  pytest.approx(9))
 
 
+def test_hand_computed_timeline_with_packing_and_averaging_on_the_host():
+    """The host copies a bucket's gradients in before its reduction (1 ms per
+    MiB here) and divides what this rank reduced after the wait (0.5 ms per
+    MiB), both on the compute stream."""
+    p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0,
+                          iterations=1, pack_ms_per_mib=1.0, average_ms_per_mib=0.5)
+    # fwd [0,3]; bwd m2 [3,5], pack [5,6] -> AR2 [6,8]; m1 [6,8], pack [8,9] -> AR1 [9,11]; m0 [9,11],
+    # pack [11,12] -> AR0 [12,14]; averages after each wait: [12,12.5], [12.5,13], [14,14.5]; step to 16.5
+    got = [(op["bucket"], op["start_ms"], op["end_ms"]) for op in p.ops]
+    assert got == [(2, pytest.approx(6), pytest.approx(8)), (1, pytest.approx(9), pytest.approx(11)),
+                   (0, pytest.approx(12), pytest.approx(14))], got
+    averages = [(s["start_ms"], s["end_ms"]) for s in p.spans if s["name"] == "average"]
+    assert averages == [pytest.approx((12, 12.5)), pytest.approx((12.5, 13)), pytest.approx((14, 14.5))]
+    assert p.iteration_ms == pytest.approx(16.5)
+    # A reduce-scatter leaves this rank 1/p of the bucket to divide: 0.25 ms each.
+    dear = dearcomm.simulate(PROFILE, schedule="dear", world_size=2, network=NETWORK, step_ms=2.0, bucket_mb=0,
+                             iterations=1, average_ms_per_mib=0.5)
+    assert [s["end_ms"] - s["start_ms"] for s in dear.spans if s["name"] == "average"] == [pytest.approx(0.25)] * 3
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
@@ -223,6 +243,8 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(world_size=1), ValueError, "world_size must be an int >= 2"),
     (dict(schedule="nope"), ValueError, "unknown schedule"),
     (dict(step_ms=float("nan")), ValueError, "step_ms must be"),
+    (dict(pack_ms_per_mib=-1.0), ValueError, "pack_ms_per_mib must be"),
+    (dict(average_ms_per_mib=math.inf), ValueError, "average_ms_per_mib must be"),
     (dict(network=Network(alpha_us=-1, gbit_s=1)), ValueError, "alpha_us must be"),
     (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),

@@ -107,6 +107,9 @@ void SimDevice::eligible(int64_t /*bucket*/) {
 }
 
 void SimDevice::issue(const Op& op) {
+  if (op.kind != Collective::kAllGather && profile_.pack_s_per_byte > 0) {
+    compute("pack", profile_.pack_s_per_byte * static_cast<double>(layout_.buckets.at(op.bucket).bytes));
+  }
   const std::pair<int64_t, int64_t> key{op.bucket, op.slot};
   // start and end are set when the channel reaches and finishes it (advance).
   in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, -1.0, -1.0};
@@ -135,6 +138,11 @@ void SimDevice::wait(const Op& op) {
   now_ = std::max(now_, done.end_s);
   done.wait_end_s = now_;
   ops_.push_back(done);
+  if (op.kind != Collective::kAllGather && profile_.average_s_per_byte > 0) {  // this rank's reduced bytes
+    const double bytes = static_cast<double>(layout_.buckets.at(op.bucket).bytes) /
+                         (op.kind == Collective::kReduceScatter ? static_cast<double>(cost_.world_size()) : 1.0);
+    compute("average", profile_.average_s_per_byte * bytes);
+  }
 }
 
 void SimDevice::update(int64_t /*bucket*/, const std::vector<int64_t>& params) {

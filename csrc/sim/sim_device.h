@@ -8,7 +8,9 @@
 // stream to the collective's end. Where compute and a collective run at
 // once, compute progresses CostModel::compute_slowdown() times slower and the
 // collective comm_slowdown() times slower (cores shared with the transport):
-// both are advanced together, piecewise, as work left at a rate. It records
+// both are advanced together, piecewise, as work left at a rate. A
+// reduction's pack (at its issue) and average (after its wait) run on the
+// compute stream at the Profile's cost per byte. It records
 // what the real device traces
 // (launch, completion, wait), so a prediction draws like a measurement.
 // Standard C++ only.

@@ -17,6 +17,10 @@ void Profile::check(int64_t num_params) const {
                       num_params);
   DEARCOMM_CORE_CHECK(std::isfinite(step_s) && step_s >= 0, std::invalid_argument,
                       "dearcomm: step time must be finite and >= 0, got ", step_s, " s");
+  DEARCOMM_CORE_CHECK(std::isfinite(pack_s_per_byte) && pack_s_per_byte >= 0 && std::isfinite(average_s_per_byte) &&
+                          average_s_per_byte >= 0,
+                      std::invalid_argument, "dearcomm: pack and average costs must be finite and >= 0, got ",
+                      pack_s_per_byte, " and ", average_s_per_byte, " s per byte");
   std::vector<int64_t> readers(num_params, 0);
   for (const ModuleCost& m : modules) {
     DEARCOMM_CORE_CHECK(std::isfinite(m.forward_s) && m.forward_s >= 0 && std::isfinite(m.backward_s) &&
