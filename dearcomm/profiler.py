@@ -337,6 +337,8 @@ class _Probe:
         buffer (the engine's pack) and to divide it in place (its average):
         the gradients of the first parameters' dtype, up to PASS_BYTES."""
         grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0, 0.0  # _per_iteration names the parameters without a gradient
         grads = [g for g in grads if g.dtype == grads[0].dtype]
         chosen, size = [], 0
         for g in grads:
