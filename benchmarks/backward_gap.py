@@ -1,9 +1,10 @@
 """Where a training backward's time beyond the profiled one goes: the
 backward of dearcomm.profile(group=) (ranks in step), of a plain training
-loop (no hooks), of torch DDP under no_sync() (its hooks and bucket copies,
-no all-reduce), of DDP, and of dearcomm's default wrap(). The first three
-apart show what the loop and the hooks cost; DDP against no_sync, what its
-collectives cost the backward they run beside.
+loop (no hooks), of torch DDP under no_sync() (its hooks return at once:
+no bucket copies, no all-reduce), of DDP, and of dearcomm's default wrap().
+The first three apart show what the loop and the hooks cost; DDP against
+no_sync, what its bucket copies and collectives cost the backward they run
+beside.
 
     .venv/bin/torchrun --nproc_per_node=2 benchmarks/backward_gap.py --model resnet --batch 32
 

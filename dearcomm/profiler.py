@@ -346,9 +346,10 @@ class _Probe:
                 break
             chosen.append(g.reshape(-1))
             size += g.nbytes
-        if self.flat is None or self.flat.dtype != chosen[0].dtype or self.flat.numel() < sum(map(len, chosen)):
-            self.flat = torch.empty(sum(map(len, chosen)), dtype=chosen[0].dtype, device=chosen[0].device)
-        flat = self.flat[:sum(map(len, chosen))]
+        numel = size // chosen[0].element_size()
+        if self.flat is None or self.flat.dtype != chosen[0].dtype or self.flat.numel() < numel:
+            self.flat = torch.empty(numel, dtype=chosen[0].dtype, device=chosen[0].device)
+        flat = self.flat[:numel]
         begin = self.now()
         torch.cat(chosen, out=flat)
         packed = self.now()
