@@ -80,6 +80,7 @@ from models import MODELS, fresh  # noqa: E402
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
+from dearcomm.host_cost import cores_share, fit_host_ms  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
@@ -339,8 +340,18 @@ def simulated(*a, **k):
     return simulation(*a, **k).iteration_ms / 1e3
 
 
+def host_ms_of(layouts, share):
+    """Network.host_ms from the row's layouts (measure_collectives' dicts,
+    times in seconds): the CPU each kind's collectives took alone against how
+    many there were (dearcomm.host_cost.fit_host_ms), times ``share``
+    (cores_share: the ranks on this machine over its cores)."""
+    return fit_host_ms({kind: [(c["buckets"], c["bytes"], 1e3 * c[f"cpu_{key}"]) for c in layouts]
+                        for kind, key in (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar"))},
+                       share)
+
+
 def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
-               planned=None, names=None):
+               planned=None, names=None, host_ms=None):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -350,7 +361,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     buckets of --bucket-mb standing in for its units. auto and dear-bo: with
     the options they chose (``chosen``); usbyte and deft with what they
     planned (``planned``: blocks, priorities and delays by parameter name,
-    and the bucket_mb the plan set; ``names``: the profile's)."""
+    and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``:
+    each collective's cost to the compute stream (host_ms_of)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -369,7 +381,7 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     # run made the CPU backend order them (deft asks for it itself).
     lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
-                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes)
+                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {})
     extra = {}
     if planned is not None and schedule in PLANNED_SCHEDULES:
         bucket_mb = planned.get("bucket_mb", bucket_mb)
@@ -720,6 +732,7 @@ def main():
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
+    host_ms = host_ms_of(list(comm.values()), cores_share(torch.device("cpu"), local_ranks=world))
     rows, predictions = {}, {}
     for name, t in times.items():
         c = comm[comm_of[name]]
@@ -737,7 +750,7 @@ def main():
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
                                        comm_slowdown=comm_slowdown, planned=planned,
-                                       names=[p.name for m in profile.modules for p in m.params])
+                                       names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
@@ -779,7 +792,9 @@ def main():
               f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
               f"(rank 0; medians of {len(contentions)} rounds', κ "
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
-              f"{max(c['compute_slowdown'] for c in contentions):.2f})")
+              f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " (the layouts' CPU per collective below "
+              f"x {cores_share(torch.device('cpu'), local_ranks=world):.2f}, the ranks over the cores)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
@@ -819,7 +834,7 @@ def main():
                                pieces_ms={k: 1e3 * v for k, v in pieces.items()}, profile=profile.to_dict(),
                                profile_rounds_ms=[dict(forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
                                                   for p in profiles],
-                               contention=contention,
+                               contention=contention, host_ms=host_ms,
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},

@@ -19,10 +19,12 @@ py::list transitions_to_list(const std::vector<Transition>& records);  // bindin
 
 namespace {
 
-sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& costs, const std::string& kind) {
+sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& costs,
+                       const std::map<std::string, double>& host_s, const std::string& kind) {
   const auto it = costs.find(kind);
   TORCH_CHECK_VALUE(it != costs.end(), "dearcomm: no cost given for ", kind);
-  return {it->second.first, it->second.second};
+  const auto host = host_s.find(kind);
+  return {it->second.first, it->second.second, host == host_s.end() ? 0.0 : host->second};
 }
 
 py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
@@ -31,7 +33,10 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                   double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                   const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
-                  double average_s_per_byte) {
+                  double average_s_per_byte, const std::map<std::string, double>& host_s) {
+  for (const auto& entry : host_s) {
+    TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: a host cost for unknown collective '", entry.first, "'");
+  }
   TORCH_CHECK_VALUE(grad_ready_s.empty() || grad_ready_s.size() == modules.size(), "dearcomm: grad_ready_s has ",
                     grad_ready_s.size(), " entries for ", modules.size(), " modules");
   sim::Profile profile;
@@ -44,8 +49,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   profile.pack_s_per_byte = pack_s_per_byte;
   profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
-  const sim::CostModel cost(layout.world_size, cost_of(costs, "reduce_scatter"), cost_of(costs, "all_gather"),
-                            cost_of(costs, "all_reduce"), compute_slowdown, comm_slowdown, all_reduce_lanes);
+  const sim::CostModel cost(layout.world_size, cost_of(costs, host_s, "reduce_scatter"),
+                            cost_of(costs, host_s, "all_gather"), cost_of(costs, host_s, "all_reduce"), compute_slowdown, comm_slowdown, all_reduce_lanes);
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
@@ -123,18 +128,18 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
                          const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                          double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                          const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
-                         double average_s_per_byte) {
+                         double average_s_per_byte, const std::map<std::string, double>& host_s) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
           return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations,
                           compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s, pack_s_per_byte,
-                          average_s_per_byte);
+                          average_s_per_byte, host_s);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
         py::arg("schedule"), py::arg("costs"), py::arg("iterations"), py::arg("compute_slowdown") = 1.0,
         py::arg("comm_slowdown") = 1.0, py::arg("all_reduce_lanes") = 1,
         py::arg("grad_ready_s") = std::vector<std::vector<double>>{}, py::arg("pack_s_per_byte") = 0.0,
-        py::arg("average_s_per_byte") = 0.0,
+        py::arg("average_s_per_byte") = 0.0, py::arg("host_s") = std::map<std::string, double>{},
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
 }
 

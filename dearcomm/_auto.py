@@ -278,7 +278,10 @@ class AutoPlan:
                 f"{self.profile.step_ms:.1f} ms) and probed network "
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
                 f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
-                f"{self.network.comm_slowdown:.2f}x slower beside compute)" + trials)
+                f"{self.network.comm_slowdown:.2f}x slower beside compute; each collective costs compute "
+                + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in ("reduce_scatter", "all_gather",
+                                                                               "all_reduce"))
+                + " ms (reduce-scatter/all-gather/all-reduce))" + trials)
 
 
 def _describe(options: Dict[str, Any]) -> str:

@@ -12,7 +12,9 @@ from point-to-point transfers), on a GPU torch's over NCCL.
 
 Every rank takes part (these are collectives); every rank gets the fit of
 rank 0's timings, so all ranks hold the same Network, with its
-all_reduce_lanes read from the group (all_reduce_lanes()).
+all_reduce_lanes read from the group (all_reduce_lanes()) and, on a CPU,
+its host_ms: the CPU time each call took (this process, every thread),
+fitted per collective by dearcomm.host_cost.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ from . import _C
 from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
+from .host_cost import cores_share, fit_host_ms
 from .network_fit import NetworkFit, fit_network
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
@@ -52,20 +55,23 @@ def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backe
         all_gather_single(full, shard, group=group)
 
 
-def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend, repeats: int) -> float:
-    """Median µs of ``repeats`` calls after one untimed call (connection set-up, allocation)."""
+def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend,
+           repeats: int) -> Tuple[float, float]:
+    """Median µs of wall time and of this process's CPU time (every thread)
+    of ``repeats`` calls, after one untimed call (connection set-up, allocation)."""
     cuda = full.is_cuda
-    times = []
+    times, cpu = [], []
     for i in range(repeats + 1):
         if cuda:
             torch.cuda.synchronize(full.device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         _collective(kind, full, shard, group, backend)
         if cuda:
             torch.cuda.synchronize(full.device)
         if i:
             times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+            cpu.append((time.process_time() - start_cpu) * 1e6)
+    return statistics.median(times), statistics.median(cpu)
 
 
 GLOO_DEFAULT_THREADS = 2
@@ -100,10 +106,13 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         full = torch.zeros(numel, dtype=torch.float32, device=device)
         shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
         for kind in ("reduce_scatter", "all_gather", "all_reduce"):
-            rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size,
-                             time_us=_timed(kind, full, shard, group, backend, repeats)))
+            time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
+            rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
+    rows = rank0s(rows if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
-    fit = fit_network(rank0s(rows if rank == 0 else None, group), weights="absolute")
-    return dataclasses.replace(fit, network=dataclasses.replace(fit.network,
+    fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
+    host_ms = fit_host_ms({kind: [(1, r["bytes"], r["cpu_us"] / 1e3) for r in rows if r["op"] == kind]
+                           for kind in ("reduce_scatter", "all_gather", "all_reduce")}, cores_share(device))
+    return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

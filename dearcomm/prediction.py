@@ -69,13 +69,34 @@ class Network:
     posted all-reduces in turn, so one posted behind a large one finishes
     first), 1 where they run one at a time (one NCCL stream). A schedule that
     asks the backend for issue order (deft) runs one at a time whatever this
-    says; dearcomm.network_probe sets it from the training group."""
+    says; dearcomm.network_probe sets it from the training group.
+    ``host_ms``: {kind: ms} the compute stream loses per collective of that
+    kind, where the collectives' CPU work takes the cores compute runs on
+    (gloo on a CPU whose cores all compute): a fixed cost per collective,
+    which many small ones add up and compute_slowdown (measured beside large
+    ones) leaves out. The simulated device owes it to the compute stream from
+    the collective's issue and pays it at its next compute, unless a wait
+    leaves the stream idle long enough. 0 where the collectives run elsewhere
+    (a GPU); dearcomm.network_probe measures it on a CPU."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
     compute_slowdown: float = 1.0
     comm_slowdown: float = 1.0
     all_reduce_lanes: int = 1
+    host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def host_costs(self) -> Dict[str, float]:
+        """{kind: seconds the compute stream loses per collective}, checked."""
+        unknown = sorted(set(self.host_ms) - set(KINDS))
+        if unknown:
+            raise ValueError(f"dearcomm: Network.host_ms names {unknown}; expected some of {list(KINDS)}")
+        out = {}
+        for kind in KINDS:
+            ms = self.host_ms.get(kind, 0.0)
+            _check_number(f"{kind} host_ms", ms, allow_zero=True)
+            out[kind] = ms * 1e-3
+        return out
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)}"""
@@ -226,7 +247,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
-                      pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB)
+                      pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs())
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

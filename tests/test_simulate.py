@@ -198,6 +198,27 @@ def test_hand_computed_timeline_with_packing_and_averaging_on_the_host():
     assert [s["end_ms"] - s["start_ms"] for s in dear.spans if s["name"] == "average"] == [pytest.approx(0.25)] * 3
 
 
+def test_hand_computed_timeline_with_each_collective_s_host_cost():
+    """Each all-reduce costs the compute stream 0.5 ms (Network.host_ms): owed
+    from its issue, paid before the next compute, absorbed by a wait at least
+    that long."""
+    network = dataclasses.replace(NETWORK, host_ms={"all_reduce": 0.5})
+    p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=network, step_ms=2.0, bucket_mb=0,
+                          iterations=1)
+    # fwd [0,3]; bwd m2 [3,5] -> AR2 [5,7]; host [5,5.5], m1 [5.5,7.5] -> AR1 [7.5,9.5]; host [7.5,8], m0 [8,10]
+    # -> AR0 [10,12]; the wait from 10 to 12 absorbs AR0's; step [12,14]
+    got = [(op["bucket"], op["start_ms"], op["end_ms"]) for op in p.ops]
+    assert got == [(2, pytest.approx(5), pytest.approx(7)), (1, pytest.approx(7.5), pytest.approx(9.5)),
+                   (0, pytest.approx(10), pytest.approx(12))], got
+    host = [(s["start_ms"], s["end_ms"]) for s in p.spans if s["name"] == "host"]
+    assert host == [pytest.approx((5, 5.5)), pytest.approx((7.5, 8))]
+    assert p.iteration_ms == pytest.approx(14.0)
+    # Other kinds' costs leave an all-reduce schedule alone; without them: 13 ms (EXPECTED).
+    other = dataclasses.replace(NETWORK, host_ms={"reduce_scatter": 3.0, "all_gather": 3.0})
+    assert dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=other, step_ms=2.0, bucket_mb=0,
+                             iterations=1).iteration_ms == pytest.approx(13.0)
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
@@ -249,6 +270,11 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
     (dict(iterations=0), ValueError, "iterations must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0})), ValueError, "host_ms names"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0})), ValueError,
+     "all_reduce host_ms must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_gather": math.nan})), ValueError,
+     "all_gather host_ms must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=0.5)), ValueError, "compute_slowdown must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
     (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=0.9)), ValueError, "comm_slowdown must be"),

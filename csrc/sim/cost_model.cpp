@@ -12,6 +12,8 @@ void check(const char* kind, const AlphaBeta& ab) {
                           ab.seconds_per_byte >= 0,
                       std::invalid_argument, "dearcomm: the cost of ", kind, " needs a finite alpha >= 0 and beta >= 0,"
                       " got alpha ", ab.alpha_s, " s and beta ", ab.seconds_per_byte, " s/byte");
+  DEARCOMM_CORE_CHECK(std::isfinite(ab.host_s) && ab.host_s >= 0, std::invalid_argument, "dearcomm: the host cost of ",
+                      kind, " must be finite and >= 0, got ", ab.host_s, " s per collective");
 }
 }  // namespace
 

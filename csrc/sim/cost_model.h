@@ -8,6 +8,11 @@
 // compute runs `compute_slowdown` times longer while the channel is busy, and
 // a collective `comm_slowdown` times longer while compute runs beside it
 // (measured factors >= 1: benchmarks/contention.py; 1 where they do not share).
+// `host_s` of a kind: compute-stream seconds each collective of it costs the
+// host, where its CPU work (gloo's threads, the engine's bookkeeping) takes
+// the cores the compute runs on: a fixed cost per collective that the
+// bandwidth terms and compute_slowdown (measured on large collectives) leave
+// out, and which many small collectives add up (0 on a GPU).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
@@ -23,6 +28,7 @@ namespace dearcomm::sim {
 struct AlphaBeta {
   double alpha_s = 0.0;           // per step of the ring
   double seconds_per_byte = 0.0;  // β: 1 / bandwidth
+  double host_s = 0.0;            // the host's per-collective cost, taken from compute
 };
 
 class CostModel {
@@ -30,6 +36,7 @@ class CostModel {
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
             double compute_slowdown = 1.0, double comm_slowdown = 1.0, int64_t all_reduce_lanes = 1);
   double seconds(Collective kind, int64_t bytes) const;
+  double host_seconds(Collective kind) const { return of(kind).host_s; }
   double compute_slowdown() const { return compute_slowdown_; }
   double comm_slowdown() const { return comm_slowdown_; }
   int64_t all_reduce_lanes() const { return all_reduce_lanes_; }

@@ -67,6 +67,15 @@ void SimDevice::advance(double dt, double comm_rate) {
 }
 
 void SimDevice::compute(const std::string& name, double seconds) {
+  if (host_owed_s_ > 0) {
+    const double owed = host_owed_s_;
+    host_owed_s_ = 0.0;
+    run("host", owed);
+  }
+  run(name, seconds);
+}
+
+void SimDevice::run(const std::string& name, double seconds) {
   const double compute_slowdown = cost_.compute_slowdown();
   const double comm_rate = 1.0 / cost_.comm_slowdown();
   const double begin = now_;
@@ -114,6 +123,7 @@ void SimDevice::issue(const Op& op) {
   // start and end are set when the channel reaches and finishes it (advance).
   in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, -1.0, -1.0};
   channel_.push_back({key, op.kind, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes)});
+  host_owed_s_ += cost_.host_seconds(op.kind);
   if (channel_.size() <= running()) {  // runs at once
     in_flight_[key].start_s = now_;
     if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel
@@ -137,6 +147,7 @@ void SimDevice::wait(const Op& op) {
   done.wait_begin_s = wait_begin;
   now_ = std::max(now_, done.end_s);
   done.wait_end_s = now_;
+  host_owed_s_ = std::max(0.0, host_owed_s_ - (now_ - wait_begin));  // the idle cores did it
   ops_.push_back(done);
   if (op.kind != Collective::kAllGather && profile_.average_s_per_byte > 0) {  // this rank's reduced bytes
     const double bytes = static_cast<double>(layout_.buckets.at(op.bucket).bytes) /

@@ -10,7 +10,10 @@
 // collective comm_slowdown() times slower (cores shared with the transport):
 // both are advanced together, piecewise, as work left at a rate. A
 // reduction's pack (at its issue) and average (after its wait) run on the
-// compute stream at the Profile's cost per byte. It records
+// compute stream at the Profile's cost per byte. Each collective's host cost
+// (CostModel::host_seconds) is owed to the compute stream from its issue: the
+// next compute pays it first, unless the stream idles in a wait long enough
+// to absorb it (the cores are free then). It records
 // what the real device traces
 // (launch, completion, wait), so a prediction draws like a measurement.
 // Standard C++ only.
@@ -98,6 +101,10 @@ class SimDevice final : public core::Device {
   // Wall time until the first running collective finishes, at `comm_rate`.
   double time_to_finish(double comm_rate) const;
 
+  // `seconds` of compute work on the stream, as compute() describes it.
+  void run(const std::string& name, double seconds);
+
+  double host_owed_s_ = 0.0;  // host cost of collectives issued, not yet paid by compute or idle time
   double now_ = 0.0;  // the compute stream, and the channel's time: both advance together
   std::deque<Queued> channel_;
   int64_t iteration_ = 0;

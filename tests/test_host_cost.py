@@ -1,0 +1,75 @@
+"""Each collective's cost to the host (dearcomm.host_cost): the fit recovers
+the CPU per collective from synthetic timings of both shapes it is given
+(one collective of several sizes: the network probe; several layouts of the
+same bytes in more or fewer collectives: the benchmark), and the share of a
+CPU second a rank's compute loses follows the cores."""
+import math
+
+import pytest
+import torch
+
+from dearcomm.host_cost import cores_share, fit_host_ms
+
+MIB = 1 << 20
+
+
+def test_the_fit_recovers_the_cpu_per_collective_from_one_collective_of_several_sizes():
+    # cpu = 0.3 ms + 0.05 ms per MiB (all-reduce), 0.1 + 0.02 (the others)
+    sizes = (MIB // 4, 2 * MIB, 16 * MIB)
+    samples = {"all_reduce": [(1, b, 0.3 + 0.05 * b / MIB) for b in sizes],
+               "reduce_scatter": [(1, b, 0.1 + 0.02 * b / MIB) for b in sizes],
+               "all_gather": [(1, b, 0.1 + 0.02 * b / MIB) for b in sizes]}
+    got = fit_host_ms(samples, share=2.0)
+    assert got == {"all_reduce": pytest.approx(0.6), "reduce_scatter": pytest.approx(0.2),
+                   "all_gather": pytest.approx(0.2)}
+
+
+def test_the_fit_recovers_it_from_layouts_of_the_same_bytes_in_more_collectives():
+    total = 3 * MIB  # 2, 15 and 20 buckets of it: cpu = 1.2 ms each + 0.4 ms per MiB
+    samples = {"all_reduce": [(n, total, 1.2 * n + 0.4 * total / MIB) for n in (2, 15, 20)]}
+    assert fit_host_ms(samples, share=1.0) == {"all_reduce": pytest.approx(1.2)}
+    # Noise that would make the CPU per collective negative charges nothing.
+    assert fit_host_ms({"all_reduce": [(2, total, 5.0), (20, total, 4.0)]}, share=1.0) == {"all_reduce": 0.0}
+
+
+def test_what_cannot_separate_the_two_terms_charges_nothing():
+    assert fit_host_ms({"all_reduce": [(1, MIB, 2.0)]}, share=1.0) == {"all_reduce": 0.0}
+    # collectives in proportion to bytes: a fixed and a per-byte cost look alike
+    assert fit_host_ms({"all_gather": [(1, MIB, 1.0), (2, 2 * MIB, 2.0)]}, share=1.0) == {"all_gather": 0.0}
+    assert fit_host_ms({"all_reduce": [(1, MIB, 1.0), (1, 2 * MIB, 2.0)]}, share=0.0) == {"all_reduce": 0.0}
+
+
+@pytest.mark.parametrize("samples,share,match", [
+    ({"broadcast": [(1, 1, 1.0)]}, 1.0, "samples for 'broadcast'"),
+    ({"all_reduce": [(1, MIB, -1.0), (1, 2 * MIB, 1.0)]}, 1.0, "all_reduce cpu_ms must be"),
+    ({"all_reduce": [(0, MIB, 1.0), (1, 2 * MIB, 1.0)]}, 1.0, "all_reduce collectives must be"),
+    ({"all_reduce": [(1, math.nan, 1.0), (1, 2 * MIB, 1.0)]}, 1.0, "all_reduce bytes must be"),
+    ({}, -1.0, "share must be"),
+])
+def test_bad_samples_get_clear_errors(samples, share, match):
+    with pytest.raises(ValueError, match=match):
+        fit_host_ms(samples, share)
+
+
+def test_a_cpu_second_costs_the_ranks_over_the_cores_where_compute_fills_them():
+    cpu = torch.device("cpu")
+    assert cores_share(cpu, local_ranks=4, threads=1, cores=2) == 2.0  # 4 ranks on 2 cores: each loses 2x
+    assert cores_share(cpu, local_ranks=2, threads=1, cores=2) == 1.0
+    assert cores_share(cpu, local_ranks=1, threads=16, cores=16) == pytest.approx(1 / 16)  # spread over 16 cores
+    assert cores_share(cpu, local_ranks=2, threads=1, cores=16) == 0.0  # idle cores run the collectives
+    assert cores_share(torch.device("cuda", 0), local_ranks=8, threads=1, cores=2) == 0.0  # not on the GPU's way
+
+
+def test_cores_share_reads_torchrun_s_local_world_size(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert cores_share(torch.device("cpu"), threads=1, cores=2) == 2.0
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert cores_share(torch.device("cpu"), threads=1, cores=2) == 0.0  # one rank, one thread: a core to spare
+
+
+@pytest.mark.parametrize("kwargs", [dict(local_ranks=0), dict(threads=1.5), dict(cores=True)])
+def test_cores_share_rejects_bad_counts(kwargs):
+    args = dict(local_ranks=2, threads=1, cores=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match="cores_share's"):
+        cores_share(torch.device("cpu"), **args)
