@@ -50,7 +50,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
   const sim::CostModel cost(layout.world_size, cost_of(costs, host_s, "reduce_scatter"),
-                            cost_of(costs, host_s, "all_gather"), cost_of(costs, host_s, "all_reduce"), compute_slowdown, comm_slowdown, all_reduce_lanes);
+                            cost_of(costs, host_s, "all_gather"), cost_of(costs, host_s, "all_reduce"),
+                            compute_slowdown, comm_slowdown, all_reduce_lanes);
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
