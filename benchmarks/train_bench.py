@@ -340,13 +340,17 @@ def simulated(*a, **k):
     return simulation(*a, **k).iteration_ms / 1e3
 
 
+KIND_KEYS = (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar"))
+"""Each collective kind and its key in measure_collectives' dicts."""
+
+
 def host_ms_of(layouts, share):
     """Network.host_ms from the row's layouts (measure_collectives' dicts,
     times in seconds): the CPU each kind's collectives took alone against how
     many there were (dearcomm.host_cost.fit_host_ms), times ``share``
     (cores_share: the ranks on this machine over its cores)."""
     return fit_host_ms({kind: [(c["buckets"], c["bytes"], 1e3 * c[f"cpu_{key}"]) for c in layouts]
-                        for kind, key in (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar"))},
+                        for kind, key in KIND_KEYS},
                        share)
 
 
@@ -373,7 +377,7 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
     per_kind = {}
-    for kind, key in (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar")):
+    for kind, key in KIND_KEYS:
         _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
         seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
@@ -732,7 +736,8 @@ def main():
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
-    host_ms = host_ms_of(list(comm.values()), cores_share(torch.device("cpu"), local_ranks=world))
+    share = cores_share(torch.device("cpu"), local_ranks=world)
+    host_ms = host_ms_of(list(comm.values()), share)
     rows, predictions = {}, {}
     for name, t in times.items():
         c = comm[comm_of[name]]
@@ -794,7 +799,7 @@ def main():
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " (the layouts' CPU per collective below "
-              f"x {cores_share(torch.device('cpu'), local_ranks=world):.2f}, the ranks over the cores)")
+              f"x {share:.2f}, the ranks over the cores)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]

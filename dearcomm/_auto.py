@@ -63,7 +63,7 @@ from . import autotune, deft
 from ._options import WrapOptions
 from .contention import NotFitted, measure_contention
 from ._lockstep import PeerFailed
-from .prediction import Network, bucket_layout
+from .prediction import KINDS, Network, bucket_layout
 from .network_probe import probe_network
 from .profiler import TrainingProfile, profile_calls
 from .usbyte import plan_job
@@ -279,8 +279,7 @@ class AutoPlan:
                 f"(all-reduce: {self.network.alpha_us:.0f} us, {self.network.gbit_s:.2f} Gbit/s; compute "
                 f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
                 f"{self.network.comm_slowdown:.2f}x slower beside compute; each collective costs compute "
-                + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in ("reduce_scatter", "all_gather",
-                                                                               "all_reduce"))
+                + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in KINDS)
                 + " ms (reduce-scatter/all-gather/all-reduce))" + trials)
 
 

@@ -33,6 +33,7 @@ from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
 from .host_cost import cores_share, fit_host_ms
 from .network_fit import NetworkFit, fit_network
+from .prediction import KINDS
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 """Buffer sizes timed: they bracket the bucket sizes the planner tries (1–64
@@ -105,7 +106,7 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         numel = max(world_size, nbytes // 4 // world_size * world_size)  # divisible: the shard is numel / p
         full = torch.zeros(numel, dtype=torch.float32, device=device)
         shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
-        for kind in ("reduce_scatter", "all_gather", "all_reduce"):
+        for kind in KINDS:
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
     rows = rank0s(rows if rank == 0 else None, group)
@@ -113,6 +114,6 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     # link's burst allowance passes the smallest size faster than its rate.
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
     host_ms = fit_host_ms({kind: [(1, r["bytes"], r["cpu_us"] / 1e3) for r in rows if r["op"] == kind]
-                           for kind in ("reduce_scatter", "all_gather", "all_reduce")}, cores_share(device))
+                           for kind in KINDS}, cores_share(device))
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

@@ -53,6 +53,12 @@ class ModuleProfile:
         return list(self.param_dtypes) if self.param_dtypes else [self.dtype] * len(self.param_numels)
 
 
+def _known_kinds(field: str, by_kind: Mapping) -> None:
+    unknown = sorted(set(by_kind) - set(KINDS))
+    if unknown:
+        raise ValueError(f"dearcomm: Network.{field} names {unknown}; expected some of {list(KINDS)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Network:
     """α–β cost of a ring collective: ``alpha_us`` per ring step, ``gbit_s``
@@ -88,9 +94,7 @@ class Network:
 
     def host_costs(self) -> Dict[str, float]:
         """{kind: seconds the compute stream loses per collective}, checked."""
-        unknown = sorted(set(self.host_ms) - set(KINDS))
-        if unknown:
-            raise ValueError(f"dearcomm: Network.host_ms names {unknown}; expected some of {list(KINDS)}")
+        _known_kinds("host_ms", self.host_ms)
         out = {}
         for kind in KINDS:
             ms = self.host_ms.get(kind, 0.0)
@@ -100,9 +104,7 @@ class Network:
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)}"""
-        unknown = sorted(set(self.per_kind) - set(KINDS))
-        if unknown:
-            raise ValueError(f"dearcomm: Network.per_kind names {unknown}; expected some of {list(KINDS)}")
+        _known_kinds("per_kind", self.per_kind)
         out = {}
         for kind in KINDS:
             alpha_us, gbit_s = self.per_kind.get(kind, (self.alpha_us, self.gbit_s))
