@@ -325,6 +325,11 @@ class AutoPlanner:
         self.runtime = runtime
         # wrap(schedule="auto", max_delay=d): deft with delays up to d is a candidate (0 once its guard fired).
         self.max_delay = max_delay or 0
+        # What the planner may set is fixed by what the user passed, not by the
+        # options a plan left behind: a re-plan from usbyte's or deft's plan
+        # must be free to clear their blocks, order and delays.
+        self._order_given = runtime.options.blocks is not None or runtime.options.priorities is not None
+        self._delays_planned = self.max_delay > 0
         self.optimizer = optimizer  # the user's: profiling times its full step
         self.auto = auto
         self.update_free = "schedule" in auto and not update_given  # the planner picks the update too
@@ -452,9 +457,7 @@ class AutoPlanner:
         """Whether usbyte is a candidate: it sets its own buckets, blocks and
         order, so only where the bucket size is "auto" too and no other
         option rules it out."""
-        options = self.runtime.options
-        return (self._planned_schedule_open() and "bucket_mb" in self.auto and options.blocks is None
-                and options.priorities is None)
+        return self._planned_schedule_open() and "bucket_mb" in self.auto and not self._order_given
 
     def _deft_open(self) -> bool:
         """Whether deft is a candidate: only where the user allowed delays
@@ -481,6 +484,7 @@ class AutoPlanner:
             if self._deft_open():
                 result = _with_deft(result, profile, network, runtime, fixed("bucket_mb", autotune.BUCKET_MB),
                                     self.max_delay)
+            if self._planned_schedule_open() and self._delays_planned:  # after deft's guard too: it clears them
                 keys += ("delays", "max_delay")
             first, runners_up = _shortlist(result)
             reference = _reference(result, self.auto)

@@ -255,7 +255,8 @@ def test_a_grad_scaler_is_refused_while_buckets_are_delayed():
 def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
     """An MLP wrapped with `wrap_options` trained on this rank's slice in a
     plain loop, beside one process on the global batch that applies the
-    delays the job ended up with (planned at its first forward) from step 0."""
+    delays the job ended up with (planned at its first forward) from step 0.
+    Returns the wrapped model, its optimizer and where they differ."""
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, widths[0])]
     for a, b in zip(widths, widths[1:] + [10]):
@@ -278,11 +279,11 @@ def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
         swap()
         ref_optimizer.step()
     model.sync()  # the schedule "auto" kept may update in the next forward
-    return model, differences(model, reference)
+    return model, optimizer, differences(model, reference)
 
 
 def planned_worker(rank, world_size):
-    model, difference = mlp_beside_reference(rank, world_size, [1024, 1024], 6, schedule="deft", bucket_mb=1.0)
+    model, _, difference = mlp_beside_reference(rank, world_size, [1024, 1024], 6, schedule="deft", bucket_mb=1.0)
     plan = model._dear.planner.plan
     return dict(delays=model._dear.options.delays, planned=plan.wrap_options()["delays"],
                 difference=difference, candidates=len(plan.candidates),
@@ -416,31 +417,37 @@ def test_max_delay_bounds_the_plan():
 # ---- schedule="auto" ------------------------------------------------------------------------------------
 
 
+def _auto_keeps_a_deft_plan_that_delays():
+    """auto's shortlist made deft's fastest plan that delays something (no
+    reference to measure it against), on a link slow enough for one."""
+    import dearcomm._auto as auto
+
+    auto._shortlist = lambda result: ([c for c in result.candidates
+                                       if c.options["schedule"] == "deft" and c.options["delays"]][:1], [])
+    auto.REFERENCE = ()
+    measure = auto.measure_job
+
+    def link_as_slow_as_compute(*args):
+        # As measured, but on a link whose all-reduce of the model takes as long as a forward and
+        # backward: there the input side's all-reduces are exposed and delaying them hides them (on
+        # this machine's loopback the planner may find nothing to hide).
+        profile, network = measure(*args)
+        megabits = sum(p.numel for m in profile.modules for p in m.params) * 32 / 1e6
+        gbit_s = megabits / (profile.forward_ms + profile.backward_ms)
+        return profile, dataclasses.replace(network, alpha_us=1.0, gbit_s=gbit_s, per_kind={},
+                                            compute_slowdown=1.0, comm_slowdown=1.0)
+    auto.measure_job = link_as_slow_as_compute
+
+
 def auto_worker(rank, world_size, max_delay):
     """schedule="auto": with max_delay, deft's plans are candidates, here
     the fastest that delays something made the one kept (a shortlist of
     that one, no reference to measure it against); the job then trains
     exactly as the delayed reference with the delays it chose, from the
     first step."""
-    import dearcomm._auto as auto
-
     if max_delay:
-        auto._shortlist = lambda result: ([c for c in result.candidates
-                                           if c.options["schedule"] == "deft" and c.options["delays"]][:1], [])
-        auto.REFERENCE = ()
-        measure = auto.measure_job
-
-        def link_as_slow_as_compute(*args):
-            # As measured, but on a link whose all-reduce of the model takes as long as a forward and
-            # backward: there the input side's all-reduces are exposed and delaying them hides them (on
-            # this machine's loopback the planner may find nothing to hide).
-            profile, network = measure(*args)
-            megabits = sum(p.numel for m in profile.modules for p in m.params) * 32 / 1e6
-            gbit_s = megabits / (profile.forward_ms + profile.backward_ms)
-            return profile, dataclasses.replace(network, alpha_us=1.0, gbit_s=gbit_s, per_kind={},
-                                                compute_slowdown=1.0, comm_slowdown=1.0)
-        auto.measure_job = link_as_slow_as_compute
-    model, difference = mlp_beside_reference(rank, world_size, [2048, 512], 5, schedule="auto", bucket_mb="auto",
+        _auto_keeps_a_deft_plan_that_delays()
+    model, _, difference = mlp_beside_reference(rank, world_size, [2048, 512], 5, schedule="auto", bucket_mb="auto",
                                              max_delay=max_delay)
     plan = model.auto_plan()
     considered = {options.get("schedule") for options, _ in plan.shortlist + plan.runners_up}
@@ -453,6 +460,41 @@ def test_auto_with_max_delay_can_choose_deft_and_trains_with_its_delays():
         assert result["schedule"] == "deft" and result["delays"], f"rank {rank}: {result['schedule']}"
         assert result["difference"] == {}, f"rank {rank}"
         assert "schedule=deft" in result["plan"] and "parameters delayed>" in result["plan"], result["plan"]
+
+
+def auto_after_the_guard_worker(rank, world_size):
+    """auto kept a deft plan that delays; deft's guard switches the delays
+    off (as it does where they hurt), and a later re-plan keeps dear: the
+    delays go with deft's plan and the job trains on."""
+    import dearcomm._auto as auto
+
+    _auto_keeps_a_deft_plan_that_delays()
+    model, optimizer, _ = mlp_beside_reference(rank, world_size, [2048, 512], 3, schedule="auto", bucket_mb="auto",
+                                    max_delay=1)
+    runtime = model._dear
+    kept = (runtime.options.schedule, bool(runtime.options.delays))
+    runtime.auto.forbid_delays()  # what the guard does when it fires (_delayed.py)
+    runtime.reconfigure(dataclasses.replace(runtime.options, delays={}, max_delay=0))
+    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "dear"][:1], [])
+    runtime.auto._plan_due, runtime.auto._replan_reason = True, "a test's re-plan"
+    before = [p.detach().clone() for p in model.parameters()]
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x, y = torch.randn(4, 64, generator=g), torch.randint(0, 10, (4,), generator=g)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    model.sync()
+    moved = all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    return dict(kept=kept, schedule=runtime.options.schedule, delays=runtime.options.delays,
+                max_delay=runtime.options.max_delay, plans=len(runtime.auto.plans), moved=moved)
+
+
+def test_auto_plans_again_after_deft_guard_switched_its_delays_off():
+    for rank, result in enumerate(run_workers(auto_after_the_guard_worker, 2, deadline=300)):
+        assert result["kept"] == ("deft", True) and result["plans"] == 2, f"rank {rank}: {result}"
+        assert result["schedule"] == "dear" and result["delays"] is None and result["max_delay"] is None, result
+        assert result["moved"], f"rank {rank}: training stopped after the re-plan"
 
 
 def test_auto_without_max_delay_keeps_every_gradient_on_time():

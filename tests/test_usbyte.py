@@ -151,6 +151,39 @@ def auto_with_usbyte_worker(rank, world_size):
     return error, options.schedule, options.priorities, str(model.auto_plan())
 
 
+def auto_replans_away_from_usbyte_worker(rank, world_size):
+    """auto kept usbyte's plan, then plans again (as its drift check does)
+    and keeps a wfbp candidate: the blocks and order usbyte's plan set go
+    with it, and the job trains on exactly."""
+    import dearcomm._auto as auto
+
+    only = lambda schedule: lambda result: (  # noqa: E731
+        [c for c in result.candidates if c.options["schedule"] == schedule][:1], [])
+    auto._shortlist = only("usbyte")
+    auto.REFERENCE = ()
+    model, reference = mlp(), mlp()
+    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
+                                     credit_mb="auto")
+    train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=3)
+    kept = model._dear.options.schedule
+    auto._shortlist = only("wfbp")
+    model._dear.auto._plan_due, model._dear.auto._replan_reason = True, "a test's re-plan"
+    train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=3)
+    options = model._dear.options
+    model.sync()
+    error = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return error, kept, options.schedule, options.blocks, options.priorities, len(model._dear.auto.plans)
+
+
+def test_auto_plans_again_away_from_usbytes_plan():
+    for rank, (error, kept, schedule, blocks, priorities, plans) in enumerate(
+            run_workers(auto_replans_away_from_usbyte_worker, 2, deadline=240)):
+        assert (kept, schedule, plans) == ("usbyte", "wfbp", 2), f"rank {rank}"
+        assert blocks is None and priorities is None, f"rank {rank}: usbyte's plan outlived it"
+        assert error < 1e-5, f"rank {rank}: parameters differ from one process by {error}"
+
+
 def test_auto_can_choose_usbytes_own_plan():
     for rank, (error, schedule, priorities, plan) in enumerate(run_workers(auto_with_usbyte_worker, 2, deadline=240)):
         assert schedule == "usbyte" and priorities, f"rank {rank}: {schedule}"
