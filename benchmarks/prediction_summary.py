@@ -16,6 +16,9 @@ checked against measurements already taken. Files written before the plans
 were stored replay usbyte and deft without them (their errors are then not
 the model's).
 
+Runs timed twice ('X/again') are listed apart: how far the same
+configuration's two medians lie apart in one row.
+
 Per row: the prediction error of every dearcomm run (median of |error| and
 the worst); the run the simulator ranks fastest among the runs measured, deft's
 delayed gradients aside ("pick": what dearcomm.plan() would choose from
@@ -35,7 +38,15 @@ CONTROLS = ("ddp", "fsdp2", "auto", "dear-bo")  # not fixed dearcomm runs: not c
 
 
 def is_candidate(name: str) -> bool:
-    return name.split("/")[0] not in CONTROLS and "@" not in name and not name.endswith("/sync")
+    return (name.split("/")[0] not in CONTROLS and "@" not in name and not name.endswith("/sync")
+            and not name.endswith("/again"))
+
+
+def repeats(runs) -> dict:
+    """train_bench.py's 'X/again' runs (X timed a second time in the same
+    row): X -> the second median over the first, minus 1."""
+    return {name[:-len("/again")]: r["median_ms"] / runs[name[:-len("/again")]]["median_ms"] - 1
+            for name, r in runs.items() if name.endswith("/again") and name[:-len("/again")] in runs}
 
 
 def resimulate(data) -> None:
@@ -124,7 +135,7 @@ def summarise(path: Path, again: bool = False):
                 pick=pick, pick_vs_best=candidates[pick]["median_ms"] / candidates[best]["median_ms"], best=best,
                 pick_speedup=ddp / candidates[pick]["median_ms"] if ddp else None,
                 best_speedup=ddp / candidates[best]["median_ms"] if ddp else None,
-                default_speedup=ddp / default if ddp and default else None)
+                default_speedup=ddp / default if ddp and default else None, repeats=repeats(runs))
 
 
 def main():
@@ -147,6 +158,16 @@ def main():
         print(f"\n{sum(r['within_10'] for r in rows)} of {sum(r['runs'] for r in rows)} runs predicted within 10%; "
               f"worst {max(errors):.1%}; the pick is within 5% of the measured best in "
               f"{sum(r['pick_vs_best'] <= 1.05 for r in rows)} of {len(rows)} rows")
+    timed_twice = [r for r in rows if r["repeats"]]
+    if timed_twice:
+        print("\nThe same configuration timed twice in one row (X and X/again, interleaved): the second "
+              "median against the first")
+        print("\n| row | " + " | ".join(["configuration", "second vs first"]) + " |\n|---|---|---|")
+        for r in timed_twice:
+            for name, difference in r["repeats"].items():
+                print(f"| {r['row']} | {name} | {difference:+.1%} |")
+        largest = max((abs(d), r["row"], n) for r in timed_twice for n, d in r["repeats"].items())
+        print(f"\nlargest difference {largest[0]:.1%} ({largest[2]}, {largest[1]})")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ only); no /p = the schedule's default (bytescheduler 32 MiB, others never split)
 ddp/bB = torch DDP with bucket_cap_mb=B (a control: as many collectives as /pB),
 no /c = the default credit (64 MiB). A trailing /sync (dear, bytescheduler) is a
 control too: sync() after every step(), so the run's communication finishes
-before the next forward instead of overlapping it, everything else unchanged. --partition-mb P adds a /pP variant of every
+before the next forward instead of overlapping it, everything else unchanged. A
+trailing /again (any run: 'ddp/again') times the same configuration a second time,
+built and interleaved as a run of its own: the two medians' difference is what
+this machine's noise alone moves a run by in the same row (prediction_summary.py
+prints it). --partition-mb P adds a /pP variant of every
 dearcomm schedule; --credit-mb C... replaces bytescheduler/pP by one row per credit.
 fsdp2 (only when named: --runs ... fsdp2, or --schedules ... fsdp2) is torch's
 fully_shard with reshard_after_forward=False (ZeRO-2-like) on a 1-D CPU mesh over
@@ -124,16 +128,23 @@ FSDP2_UNITS = {
 }
 
 
+def configuration(spec) -> str:
+    """'dear-sharded/p4/again@DEARCOMM_X=1' -> 'dear-sharded/p4': the run's
+    schedule and options, without its repeat mark and environment."""
+    spec = spec.split("@")[0]
+    return spec[:-len("/again")] if spec.endswith("/again") else spec
+
+
 def syncs_after_step(spec) -> bool:
     """'bytescheduler/p0.25/sync': the /sync control (sync() after every step())."""
-    return spec.split("@")[0].endswith("/sync")
+    return configuration(spec).endswith("/sync")
 
 
 def parse_run(spec):
     """'dear-sharded/p4' -> (schedule, update, partition_mb, credit_mb); an
-    '@VAR=VALUE' suffix (run_environment) is ignored here. For ddp the third
+    '@VAR=VALUE' suffix (run_environment) and a /again mark are ignored here. For ddp the third
     item is its own bucket_cap_mb ('ddp/b0.25'), None for --bucket-mb."""
-    base, *mods = spec.split("@")[0].split("/")
+    base, *mods = configuration(spec).split("/")
     if base not in SCHEDULES:
         raise SystemExit(f"unknown run {spec!r}: base must be one of {list(SCHEDULES)}")
     schedule, update = SCHEDULES[base]
@@ -641,7 +652,8 @@ def main():
                         help="add a /pP variant of every dearcomm schedule for each P")
     parser.add_argument("--credit-mb", type=float, nargs="*", default=[],
                         help="bytescheduler: one row per credit (with each partition)")
-    parser.add_argument("--runs", nargs="+", help="explicit run names (SCHEDULE[/pP][/cC][@DEARCOMM_VAR=VALUE]); overrides the three above")
+    parser.add_argument("--runs", nargs="+", help="explicit run names (SCHEDULE[/pP][/cC][/sync][/again][@DEARCOMM_VAR=VALUE]); "
+                        "overrides the three above")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=5, help="timed iterations per run per round")
     parser.add_argument("--timeline", help="write PREFIX.json and PREFIX.png (every run), PREFIX-RUN.png")

@@ -1,0 +1,36 @@
+"""train_bench.py's run names and prediction_summary.py's reading of them:
+a run timed twice ('X/again') is X's configuration, and the summary lists it
+apart from the candidates."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import prediction_summary  # noqa: E402
+import train_bench  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["ddp", "ddp/b0.25", "dear-sharded/p4", "bytescheduler/p4/c1",
+                                  "bytescheduler/p0.25/sync", "auto", "dear-bo"])
+def test_a_run_timed_again_is_the_same_configuration(name):
+    assert train_bench.parse_run(f"{name}/again") == train_bench.parse_run(name)
+    assert train_bench.parse_run(f"{name}/again@DEARCOMM_GRAD_VIEWS=0") == train_bench.parse_run(name)
+    assert train_bench.syncs_after_step(f"{name}/again") == name.endswith("/sync")
+    assert train_bench.configuration(f"{name}/again@DEARCOMM_GRAD_VIEWS=0") == name
+
+
+def test_again_is_a_mark_at_the_end_only():
+    with pytest.raises(SystemExit, match="unknown modifier 'again'"):
+        train_bench.parse_run("dear-sharded/again/p4")
+    with pytest.raises(SystemExit, match="takes none"):
+        train_bench.parse_run("auto/p4/again")
+
+
+def test_the_summary_keeps_repeats_apart_from_the_candidates():
+    runs = {"ddp": dict(median_ms=100.0), "ddp/again": dict(median_ms=104.0),
+            "dear-sharded/p4": dict(median_ms=80.0), "dear-sharded/p4/again": dict(median_ms=76.0),
+            "wfbp/again": dict(median_ms=90.0)}  # no first run: nothing to compare it with
+    assert not prediction_summary.is_candidate("dear-sharded/p4/again")
+    assert prediction_summary.is_candidate("dear-sharded/p4")
+    assert prediction_summary.repeats(runs) == pytest.approx({"ddp": 0.04, "dear-sharded/p4": -0.05})
