@@ -187,6 +187,9 @@ def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[i
     if options.get("schedule") == AUTO and options.get("delays") is not None:
         raise ValueError("dearcomm: delays are deft's plan for one job; with schedule='auto' give max_delay, and "
                          "auto plans the delays where it picks deft")
+    if options.get("schedule") == AUTO and options.get("priorities") is not None:
+        raise ValueError("dearcomm: priorities are usbyte's order for one job; with schedule='auto' leave them out, "
+                         "and auto plans the order where it picks usbyte")
     if options.get("schedule") == AUTO and options.get("max_delay") is not None:
         auto_max_delay = options.pop("max_delay")  # what deft may delay, if "auto" picks it
         WrapOptions(schedule="deft", max_delay=auto_max_delay)  # checks it

@@ -157,6 +157,8 @@ def test_auto_refuses_what_it_cannot_plan():
         dearcomm.wrap(model, optimizer, schedule="auto", credit_mb=4.0)
     with pytest.raises(ValueError, match="dearcomm: bucket_mb='auto' cannot be combined with blocks"):
         dearcomm.wrap(model, optimizer, bucket_mb="auto", blocks={"head.weight": [39]})
+    with pytest.raises(ValueError, match="dearcomm: priorities are usbyte's order for one job"):
+        dearcomm.wrap(model, optimizer, schedule="auto", priorities={"head.weight": 0})
     with pytest.raises(TypeError, match="dearcomm: bucket_mb must be a number of MiB"):
         dearcomm.wrap(model, optimizer, bucket_mb="automatic")
 
@@ -190,8 +192,9 @@ def _knobs(monkeypatch, **values):
         monkeypatch.setattr(_auto, name, value)
 
 
-def _plan_measured(measured, reference, confirmations=()):
-    shortlist = tuple(({"schedule": f"s{i}"}, 100.0 + i) for i in range(len(measured)))
+def _plan_measured(measured, reference, confirmations=(), predicted=None):
+    predicted = predicted or [100.0 + i for i in range(len(measured))]
+    shortlist = tuple(({"schedule": f"s{i}"}, predicted[i]) for i in range(len(measured)))
     return _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=len(measured),
                           step=0, reason="test", network=None, profile=None, shortlist=shortlist,
                           runners_up=(), refined=True, measured_ms=tuple(measured), reference=reference,
@@ -251,6 +254,13 @@ def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypat
     faster = _plan_measured([90.0, 110.0, 100.0], 2, [(0, 91.0), (2, 100.0), (0, 99.0), (2, 100.0), (0, 93.0),
                                                        (2, 101.0)])
     assert faster.choice() == (0, 93.0)
+    # Faster again by less than the margin, but predicted faster by more (as on widein at batch
+    # 1024: predicted 0.91x, measured 0.987x): the trials confirm the simulation's direction.
+    predicted = _plan_measured([90.0, 110.0, 100.0], 2, slightly.confirmations, predicted=[91.0, 110.0, 100.0])
+    assert predicted.choice() == (0, 98.5)
+    # Predicted faster by more than the margin, measured slower: the reference stays.
+    slower = [(i, ms + 3.0 if i == 0 else ms) for i, ms in slightly.confirmations]
+    assert _plan_measured([90.0, 110.0, 100.0], 2, slower, predicted=[91.0, 110.0, 100.0]).choice()[0] == 2
     # The reference measured fastest: nothing to confirm.
     plain = _plan_measured([105.0, 110.0, 100.0], 2)
     assert plain.confirmation_queue() == () and plain.decided and plain.choice() == (2, 100.0)

@@ -132,18 +132,29 @@ def test_planning_goes_on_where_contention_cannot_be_measured():
         assert error < 1e-5 and options["priorities"], f"rank {rank}: {error}"
 
 
-def auto_with_usbyte_worker(rank, world_size):
-    """schedule="auto" with usbyte's plan among its candidates, made to keep
-    it (a shortlist of that one, no reference to measure it against): the
-    job trains with the planned blocks and order, exactly."""
+def auto_keeping(schedule):
+    """Makes "auto" keep the first candidate of `schedule` it simulates (a
+    shortlist of that one, no reference to measure it against)."""
     import dearcomm._auto as auto
 
-    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "usbyte"][:1], [])
+    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == schedule][:1], [])
     auto.REFERENCE = ()
+
+
+def auto_mlp_beside_reference():
+    """An MLP wrapped with every option "auto", and its one-process reference."""
     model, reference = mlp(), mlp()
     optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
     model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
                                      credit_mb="auto")
+    return model, optimizer, reference, ref_optimizer
+
+
+def auto_with_usbyte_worker(rank, world_size):
+    """schedule="auto" with usbyte's plan among its candidates, made to keep
+    it: the job trains with the planned blocks and order, exactly."""
+    auto_keeping("usbyte")
+    model, optimizer, reference, ref_optimizer = auto_mlp_beside_reference()
     train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=5)
     options = model._dear.options
     model.sync()
@@ -155,19 +166,11 @@ def auto_replans_away_from_usbyte_worker(rank, world_size):
     """auto kept usbyte's plan, then plans again (as its drift check does)
     and keeps a wfbp candidate: the blocks and order usbyte's plan set go
     with it, and the job trains on exactly."""
-    import dearcomm._auto as auto
-
-    only = lambda schedule: lambda result: (  # noqa: E731
-        [c for c in result.candidates if c.options["schedule"] == schedule][:1], [])
-    auto._shortlist = only("usbyte")
-    auto.REFERENCE = ()
-    model, reference = mlp(), mlp()
-    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
-    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", partition_mb="auto",
-                                     credit_mb="auto")
+    auto_keeping("usbyte")
+    model, optimizer, reference, ref_optimizer = auto_mlp_beside_reference()
     train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=3)
     kept = model._dear.options.schedule
-    auto._shortlist = only("wfbp")
+    auto_keeping("wfbp")
     model._dear.auto._plan_due, model._dear.auto._replan_reason = True, "a test's re-plan"
     train_beside_reference(model, optimizer, reference, ref_optimizer, rank, world_size, steps=3)
     options = model._dear.options
