@@ -11,9 +11,9 @@ by about 1.6 ms per ms of CPU its collectives took.
 
 Two measured pieces make the cost:
   - the CPU per collective, c0: the part of a collective's CPU time that does
-    not grow with its bytes (fit_host_ms: a fit of CPU against the number of
-    collectives and their bytes, from network_probe's timings or a
-    benchmark's layouts);
+    not grow with its bytes (network_probe: the CPU of a 16 KiB call;
+    fit_host_ms: a fit of CPU against the number of collectives and their
+    bytes, from a benchmark's layouts);
   - how much per-rank wall time a CPU second costs (cores_share): the ranks
     on this host over its cores, where their compute threads fill every core
     (each rank's collectives take from the cores every rank computes on), and

@@ -13,8 +13,9 @@ from point-to-point transfers), on a GPU torch's over NCCL.
 Every rank takes part (these are collectives); every rank gets the fit of
 rank 0's timings, so all ranks hold the same Network, with its
 all_reduce_lanes read from the group (all_reduce_lanes()) and, on a CPU,
-its host_ms: the CPU time each call took (this process, every thread),
-fitted per collective by dearcomm.host_cost.
+its host_ms: the CPU time (this process, every thread) a HOST_BYTES call of
+each kind took, the median of HOST_REPEATS, times dearcomm.host_cost's
+cores_share.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from . import _C
 from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
-from .host_cost import cores_share, fit_host_ms
+from .host_cost import cores_share
 from .network_fit import NetworkFit, fit_network
 from .prediction import KINDS
 
@@ -75,6 +76,22 @@ def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend,
     return statistics.median(times), statistics.median(cpu)
 
 
+HOST_BYTES = 16 * 1024
+"""The collective timed for its CPU per call (Network.host_ms): small enough
+that its bytes cost next to nothing. A fit through PROBE_BYTES' CPU times
+instead moved with the 16 MiB calls' noise: at 4 ranks on 2 cores three
+probes in a row fitted an all-reduce's 1.78, 2.84 and 6.68 ms and an
+all-gather's 0.65, 2.30 and 2.59, where a 16 KiB all-gather's CPU read
+0.33-0.43 ms each time."""
+HOST_REPEATS = 15
+"""Calls of HOST_BYTES timed per kind (after an untimed one); the median of
+their CPU times counts. A call's CPU time takes one of two values: 16 KiB
+all-reduces at 2 ranks on the 1 Gbit/s link took 0.25-0.6 ms, or 3-4 ms in
+about a third of the calls (the wall time as long: a thread polling while
+the link's shaper holds the data, which κ charges where it overlaps
+compute). Over 3 calls the median landed on the long value in 2 of 4
+probes; the mean of 15 moved the short kinds' cost 3x between probes."""
+
 GLOO_DEFAULT_THREADS = 2
 """torch's gloo process group's worker threads unless its options say otherwise."""
 
@@ -109,11 +126,15 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         for kind in KINDS:
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
             rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
-    rows = rank0s(rows if rank == 0 else None, group)
+    numel = max(world_size, HOST_BYTES // 4 // world_size * world_size)
+    full = torch.zeros(numel, dtype=torch.float32, device=device)
+    shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
+    host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS)[1] / 1e3 for kind in KINDS}
+    rows, host_cpu_ms = rank0s((rows, host_cpu_ms) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
-    host_ms = fit_host_ms({kind: [(1, r["bytes"], r["cpu_us"] / 1e3) for r in rows if r["op"] == kind]
-                           for kind in KINDS}, cores_share(device))
+    share = cores_share(device)
+    host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

@@ -73,3 +73,29 @@ def test_cores_share_rejects_bad_counts(kwargs):
     args.update(kwargs)
     with pytest.raises(ValueError, match="cores_share's"):
         cores_share(torch.device("cpu"), **args)
+
+
+def _probe_worker(rank, world_size):
+    """The probe on a real gloo group, each rank's 16 KiB calls made to read
+    a CPU time of its own: every rank gets rank 0's, times the cores' share."""
+    from dearcomm import network_probe
+
+    timed = network_probe._timed
+
+    def rank_tagged(kind, full, shard, *args):
+        wall, cpu = timed(kind, full, shard, *args)
+        small = full.numel() * 4 <= network_probe.HOST_BYTES
+        return wall, (1000.0 * (rank + 1) * (1 + network_probe.KINDS.index(kind)) if small else cpu)
+    network_probe._timed = rank_tagged
+    network = network_probe.probe_network(None, torch.device("cpu")).network
+    return network.host_ms, cores_share(torch.device("cpu"))
+
+
+def test_the_probe_charges_rank_0s_cpu_of_a_small_call_on_every_rank():
+    from tests.multiprocess import run_workers
+
+    results = run_workers(_probe_worker, 2, deadline=120)
+    (host_ms, share), (other, _) = results
+    assert host_ms == other, "every rank holds rank 0's host cost"
+    assert host_ms == pytest.approx({"reduce_scatter": 1.0 * share, "all_gather": 2.0 * share,
+                                     "all_reduce": 3.0 * share})
