@@ -45,8 +45,9 @@ def is_candidate(name: str) -> bool:
 def repeats(runs) -> dict:
     """train_bench.py's 'X/again' runs (X timed a second time in the same
     row): X -> the second median over the first, minus 1."""
-    return {name[:-len("/again")]: r["median_ms"] / runs[name[:-len("/again")]]["median_ms"] - 1
-            for name, r in runs.items() if name.endswith("/again") and name[:-len("/again")] in runs}
+    firsts = {name: name.removesuffix("/again") for name in runs if name.endswith("/again")}
+    return {first: runs[name]["median_ms"] / runs[first]["median_ms"] - 1
+            for name, first in firsts.items() if first in runs}
 
 
 def resimulate(data) -> None:
@@ -162,7 +163,7 @@ def main():
     if timed_twice:
         print("\nThe same configuration timed twice in one row (X and X/again, interleaved): the second "
               "median against the first")
-        print("\n| row | " + " | ".join(["configuration", "second vs first"]) + " |\n|---|---|---|")
+        print("\n| row | configuration | second vs first |\n|---|---|---|")
         for r in timed_twice:
             for name, difference in r["repeats"].items():
                 print(f"| {r['row']} | {name} | {difference:+.1%} |")

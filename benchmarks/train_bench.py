@@ -131,8 +131,7 @@ FSDP2_UNITS = {
 def configuration(spec) -> str:
     """'dear-sharded/p4/again@DEARCOMM_X=1' -> 'dear-sharded/p4': the run's
     schedule and options, without its repeat mark and environment."""
-    spec = spec.split("@")[0]
-    return spec[:-len("/again")] if spec.endswith("/again") else spec
+    return spec.split("@")[0].removesuffix("/again")
 
 
 def syncs_after_step(spec) -> bool:

@@ -57,6 +57,13 @@ def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backe
         all_gather_single(full, shard, group=group)
 
 
+def _buffers(nbytes: int, world_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A full fp32 buffer of about ``nbytes`` and its shard (divisible: the shard is numel / p)."""
+    numel = max(world_size, nbytes // 4 // world_size * world_size)
+    return (torch.zeros(numel, dtype=torch.float32, device=device),
+            torch.zeros(numel // world_size, dtype=torch.float32, device=device))
+
+
 def _timed(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend,
            repeats: int) -> Tuple[float, float]:
     """Median µs of wall time and of this process's CPU time (every thread)
@@ -120,15 +127,11 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     backend = cpu_backend(group) if device.type == "cpu" else None
     rows = []
     for nbytes in sizes:
-        numel = max(world_size, nbytes // 4 // world_size * world_size)  # divisible: the shard is numel / p
-        full = torch.zeros(numel, dtype=torch.float32, device=device)
-        shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
+        full, shard = _buffers(nbytes, world_size, device)
         for kind in KINDS:
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
-            rows.append(dict(op=kind, bytes=numel * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
-    numel = max(world_size, HOST_BYTES // 4 // world_size * world_size)
-    full = torch.zeros(numel, dtype=torch.float32, device=device)
-    shard = torch.zeros(numel // world_size, dtype=torch.float32, device=device)
+            rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
+    full, shard = _buffers(HOST_BYTES, world_size, device)
     host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS)[1] / 1e3 for kind in KINDS}
     rows, host_cpu_ms = rank0s((rows, host_cpu_ms) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a

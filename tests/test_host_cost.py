@@ -1,8 +1,9 @@
 """Each collective's cost to the host (dearcomm.host_cost): the fit recovers
-the CPU per collective from synthetic timings of both shapes it is given
-(one collective of several sizes: the network probe; several layouts of the
-same bytes in more or fewer collectives: the benchmark), and the share of a
-CPU second a rank's compute loses follows the cores."""
+the CPU per collective from synthetic timings of both shapes (one collective
+of several sizes; several layouts of the same bytes in more or fewer
+collectives: the benchmark), the share of a CPU second a rank's compute
+loses follows the cores, and the network probe charges rank 0's CPU of a
+small call on every rank."""
 import math
 
 import pytest
