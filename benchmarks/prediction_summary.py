@@ -54,7 +54,7 @@ def resimulate(data) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_bench import host_ms_of, simulated
+    from train_bench import COMM_KEYS, host_ms_of, simulated
 
     import torch
 
@@ -72,14 +72,14 @@ def resimulate(data) -> None:
     names = [p.name for m in profile.modules for p in m.params]
     # Files from before runs recorded it: from their layouts' CPU, with this machine's cores.
     host_ms = data.get("host_ms") or host_ms_of(
-        [{k: (v / 1e3 if k in ("rs", "ag", "ar") or k.startswith("cpu") else v) for k, v in c.items()}
+        [{k: (v / 1e3 if k in COMM_KEYS or k.startswith("cpu") else v) for k, v in c.items()}
          for c in data["comm_ms"].values()],
         cores_share(torch.device("cpu"), local_ranks=data["world_size"], threads=data.get("threads") or 1))
     data["host_ms"] = host_ms
     for name, run in data["runs"].items():
         if "skipped" in run or name not in layouts:
             continue
-        comm = {k: (v / 1e3 if k in ("rs", "ag", "ar") else v) for k, v in layouts[name].items()}
+        comm = {k: (v / 1e3 if k in COMM_KEYS else v) for k, v in layouts[name].items()}
         planned = run.get("planned")
         if planned and "bucket_mb" not in planned and name.startswith("usbyte"):
             planned = dict(planned, bucket_mb=usbyte_bucket_mb(name, args, profile, comm, data["world_size"], planned,

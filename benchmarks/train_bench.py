@@ -27,14 +27,16 @@ fully_shard its row reads "skipped: <reason>".
 Pieces, measured in the same run: T_fwd, T_bwd, T_step (the profile's below: the
 ranks' model in step, no communication; T_step(shard) runs the optimizer over 1/p
 of the parameters) and the collectives of all buckets launched back to back,
-alone: T_RS, T_AG, T_AR.
+alone: T_RS, T_AG, T_AR, and T_AR(ordered), the all-reduce the CPU backend keeps in
+issue order for deft (its own exchanges, pipelined, in place of gloo's allreduce).
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
   ideal of a run               the run's schedule and options on dearcomm's simulated device
                                (dearcomm.simulate: the executor and policy that train, on a
                                virtual clock), fed these pieces: T_fwd, T_bwd and T_step split
                                over the modules in proportion to their parameters, and each
                                collective kind costing what all of the run's own buckets cost
-                               back to back (alpha 0, beta = T_RS, T_AG, T_AR over their bytes)
+                               back to back (alpha 0, beta = T_RS, T_AG, T_AR, T_AR(ordered)
+                               over their bytes)
 T_RS/T_AG/T_AR are measured on each run's own bucket layout (partitioning changes
 it); T_AR(m0) is the all-reduce, alone, of every bucket holding part of the input-side
 module's parameters (benchmarks/README.md derives what bytescheduler's ideal then is; the
@@ -87,6 +89,7 @@ from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
 from dearcomm.host_cost import cores_share, fit_host_ms  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
+from dearcomm.prediction import ORDERED_ALL_REDUCE  # noqa: E402
 from dearcomm.timeline import Timeline, gather_events, plot_gantt, write_chrome_trace  # noqa: E402
 
 SCHEDULES = {"ddp": ("ddp", None), "wfbp": ("wfbp", "replicated"),
@@ -299,9 +302,12 @@ def first_module_buckets(layout, model):
 
 
 def measure_collectives(args, layout, model):
-    """All buckets' RS, AG and AR, each kind launched back to back and waited, alone;
+    """All buckets' RS, AG and AR (gloo's allreduce, and the ordered one
+    deft's backend runs), each kind launched back to back and waited, alone;
     the all-reduce of the first module's buckets (m0) alone; process CPU during each."""
     backend = _C.process_group_backend(dist.group.WORLD)
+    ordered = _C.process_group_backend(dist.group.WORLD)
+    _C.keep_issue_order(ordered)
     full = [torch.zeros(b.padded_numel) for b in layout.buckets]
     shards = [torch.zeros(b.shard_numel) for b in layout.buckets]
     m0 = first_module_buckets(layout, model)
@@ -313,13 +319,15 @@ def measure_collectives(args, layout, model):
             pending = [_C.all_gather(backend, s, f) for f, s in zip(full, shards)]
         elif kind == "ar_m0":
             pending = [_C.all_reduce(backend, f) for f in full[:m0]]
+        elif kind == "ar_ordered":
+            pending = [_C.all_reduce(ordered, f) for f in reversed(full)]
         else:
             pending = [_C.all_reduce(backend, f) for f in reversed(full)]
         for h in pending:
             h.wait()
 
     out = {}
-    for kind in ("rs", "ag", "ar", "ar_m0"):
+    for kind in COMM_KEYS:
         run(kind)
         dist.barrier()
         cpu = []
@@ -350,8 +358,16 @@ def simulated(*a, **k):
     return simulation(*a, **k).iteration_ms / 1e3
 
 
-KIND_KEYS = (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar"))
-"""Each collective kind and its key in measure_collectives' dicts."""
+KIND_KEYS = (("reduce_scatter", "rs"), ("all_gather", "ag"), ("all_reduce", "ar"),
+             (ORDERED_ALL_REDUCE, "ar_ordered"))
+"""Each collective kind (Network's) and its key in measure_collectives' dicts."""
+COMM_KEYS = ("rs", "ag", "ar", "ar_m0", "ar_ordered")
+"""measure_collectives' timings (files written before ar_ordered was timed lack it)."""
+
+
+def kinds_in(layout):
+    """KIND_KEYS that a layout's dict holds (ar_ordered: new files only)."""
+    return [(kind, key) for kind, key in KIND_KEYS if key in layout]
 
 
 def host_ms_of(layouts, share):
@@ -360,7 +376,7 @@ def host_ms_of(layouts, share):
     many there were (dearcomm.host_cost.fit_host_ms), times ``share``
     (cores_share: the ranks on this machine over its cores)."""
     return fit_host_ms({kind: [(c["buckets"], c["bytes"], 1e3 * c[f"cpu_{key}"]) for c in layouts]
-                        for kind, key in KIND_KEYS},
+                        for kind, key in kinds_in(layouts[0])},
                        share)
 
 
@@ -387,13 +403,17 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     elif schedule == "fsdp2":
         schedule, update = "dear", "sharded"
     per_kind = {}
-    for kind, key in KIND_KEYS:
+    for kind, key in kinds_in(comm):
         _, bytes_term = ring_coefficients(kind, world, comm["bytes"])  # the simulator's ring formula, α = 0
         seconds_per_byte = comm[key] / bytes_term
         per_kind[kind] = (0.0, 8 / (seconds_per_byte * 1e9) if seconds_per_byte > 0 else float("inf"))
     # gloo's two worker threads run two posted all-reduces at once, unless the
-    # run made the CPU backend order them (deft asks for it itself).
+    # run made the CPU backend order them (deft asks for it itself), and then
+    # they are the ordered ones; DEARCOMM_CPU_ORDERED=0 leaves deft's to gloo.
     lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
+    if ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=" in name:
+        ordered = "DEARCOMM_CPU_ORDERED=1" in name
+        per_kind["all_reduce" if ordered else ORDERED_ALL_REDUCE] = per_kind[ORDERED_ALL_REDUCE if ordered else "all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {})
     extra = {}
@@ -776,7 +796,7 @@ def main():
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
                           minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
-                          comm_ms={k: 1e3 * c[k] for k in ("rs", "ag", "ar", "ar_m0")},
+                          comm_ms={k: 1e3 * c[k] for k in COMM_KEYS},
                           delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
         if planned and any(planned.values()):  # usbyte's blocks and order, deft's delays: --resimulate replays them
@@ -816,6 +836,7 @@ def main():
             users = [n for n in names if comm_of[n] == key]
             print(f"  {c['buckets']:>3} buckets, m0 {c['m0_buckets']} of {c['m0_bytes'] / 2**20:4.1f} MiB: T_RS {ms(c['rs'])} (cpu {ms(c['cpu_rs'])})"
                   f"  T_AG {ms(c['ag'])} (cpu {ms(c['cpu_ag'])})  T_AR {ms(c['ar'])} (cpu {ms(c['cpu_ar'])})"
+                  f"  T_AR(ordered) {ms(c['ar_ordered'])} (cpu {ms(c['cpu_ar_ordered'])})"
                   f"  T_AR(m0) {ms(c['ar_m0'])}  [{c['bytes'] / 2**20:.1f} MiB]  <- {', '.join(users)}")
         for name, (model, _) in runs.items():
             if isinstance(model, DistributedDataParallel) and parse_run(name)[2]:
@@ -852,7 +873,7 @@ def main():
                                                   for p in profiles],
                                contention=contention, host_ms=host_ms,
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
-                                        {k: (1e3 * v if k in ("rs", "ag", "ar", "ar_m0") or k.startswith("cpu") else v)
+                                        {k: (1e3 * v if k in COMM_KEYS or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},
                                lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))
     for model, _ in runs.values():

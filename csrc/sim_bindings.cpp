@@ -49,8 +49,10 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   profile.pack_s_per_byte = pack_s_per_byte;
   profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
+  const sim::AlphaBeta all_reduce = cost_of(costs, host_s, "all_reduce");
   const sim::CostModel cost(layout.world_size, cost_of(costs, host_s, "reduce_scatter"),
-                            cost_of(costs, host_s, "all_gather"), cost_of(costs, host_s, "all_reduce"),
+                            cost_of(costs, host_s, "all_gather"), all_reduce,
+                            costs.count("ordered_all_reduce") ? cost_of(costs, host_s, "ordered_all_reduce") : all_reduce,
                             compute_slowdown, comm_slowdown, all_reduce_lanes);
   sim::Result result;
   {

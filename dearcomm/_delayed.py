@@ -51,6 +51,14 @@ def nonzero(delays: Optional[Dict[str, int]]) -> Dict[str, int]:
     return {n: int(d) for n, d in (delays or {}).items() if d}
 
 
+def switch_delays_off(runtime) -> None:
+    """Every bucket applied on time from now on, and "auto" may not choose
+    delays again: what the guard does where delays hurt."""
+    if runtime.auto is not None:
+        runtime.auto.forbid_delays()
+    runtime.reconfigure(dataclasses.replace(runtime.options, delays={}, max_delay=0))
+
+
 class DelayedUpdates:
     def __init__(self, runtime) -> None:
         self.runtime = runtime
@@ -199,6 +207,4 @@ class DelayedUpdates:
                                "gradient norm reached %.3g within the last %d steps, over %gx its first steps' %.3g; "
                                "every bucket is applied on time from now on", self.steps, recent, WINDOW, GROWTH,
                                self.baseline)
-            if runtime.auto is not None:
-                runtime.auto.forbid_delays()  # nor may "auto" choose delays again
-            runtime.reconfigure(dataclasses.replace(runtime.options, delays={}, max_delay=0))
+            switch_delays_off(runtime)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .network_fit import _nnls2
-from .prediction import KINDS, _check_number
+from .prediction import COST_KINDS, _check_number
 
 
 def cores_share(device: torch.device, local_ranks: Optional[int] = None, threads: Optional[int] = None,
@@ -60,8 +60,8 @@ def fit_host_ms(samples: Mapping[str, Iterable[Tuple[float, float, float]]], sha
     _check_number("share", share, allow_zero=True)
     out = {}
     for kind, rows in samples.items():
-        if kind not in KINDS:
-            raise ValueError(f"dearcomm: fit_host_ms got samples for {kind!r}; expected some of {list(KINDS)}")
+        if kind not in COST_KINDS:
+            raise ValueError(f"dearcomm: fit_host_ms got samples for {kind!r}; expected some of {list(COST_KINDS)}")
         rows = [tuple(r) for r in rows]
         for n, nbytes, cpu in rows:
             _check_number(f"{kind} collectives", n, allow_zero=False)

@@ -6,7 +6,7 @@ The simulator (csrc/sim/cost_model.cpp) costs a ring collective of n bytes
 ranks as
 
     reduce_scatter, all_gather:  (p-1)·α + (p-1)/p·n·β
-    all_reduce:                 2(p-1)·α + 2(p-1)/p·n·β
+    all_reduce:                 2(p-1)·α + 2(p-1)/p·n·β   (ordered_all_reduce too)
 
 so a measured time is linear in (α, β) with known coefficients a(p) and
 b(p, n). fit_network() solves, per collective kind, the non-negative least
@@ -33,7 +33,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .prediction import KINDS, Network, _check_number
+from .prediction import COST_KINDS, ORDERED_ALL_REDUCE, Network, _check_number
 
 POOR_FIT_REL_ERROR = 0.25
 """A kind whose fitted line misses some row by more than this fraction is
@@ -90,7 +90,7 @@ def ring_coefficients(kind: str, world_size: int, nbytes: float) -> Tuple[float,
     """(a, b) with time = a·α + b·β, as csrc/sim/cost_model.cpp costs ``kind``
     of ``nbytes`` (the full buffer) over ``world_size`` ranks: kept in one
     place so that the fit and the simulator cannot drift apart."""
-    passes = 2.0 if kind == "all_reduce" else 1.0  # an all-reduce is RS + AG
+    passes = 2.0 if kind in ("all_reduce", ORDERED_ALL_REDUCE) else 1.0  # an all-reduce is RS + AG
     p = float(world_size)
     return passes * (p - 1), passes * (p - 1) / p * float(nbytes)
 
@@ -210,8 +210,8 @@ def _row(raw, where: str, world_size: Optional[int]) -> Row:
     if "op" not in raw:
         raise ValueError(f"dearcomm: {where} has no 'op' (keys {sorted(raw)}); expected a row of "
                          f"benchmarks/collectives.py in sizes mode (not --fusion)")
-    if raw["op"] not in KINDS:
-        raise ValueError(f"dearcomm: {where} has the unknown op {raw['op']!r}; expected one of {list(KINDS)}")
+    if raw["op"] not in COST_KINDS:
+        raise ValueError(f"dearcomm: {where} has the unknown op {raw['op']!r}; expected one of {list(COST_KINDS)}")
     wrong = raw.get("wrong", 0)
     if wrong:
         raise ValueError(f"dearcomm: {where} has wrong = {wrong!r}: its collective gave wrong results, "
@@ -384,7 +384,7 @@ def fit_network(measurements: Measurements, world_size: Optional[int] = None, im
         raise ValueError(f"dearcomm: dtype must be None or a str such as 'fp32', got {dtype!r}")
     select = _Selection(impl, dtype)
     rows, sources = _collect(measurements, select, world_size)
-    kinds = {kind: _fit_kind(kind, [r for r in rows if r.op == kind], weights) for kind in KINDS
+    kinds = {kind: _fit_kind(kind, [r for r in rows if r.op == kind], weights) for kind in COST_KINDS
              if any(r.op == kind for r in rows)}
     main_fit = kinds.get("all_reduce") or next(iter(kinds.values()))
     network = Network(alpha_us=main_fit.alpha_us, gbit_s=main_fit.gbit_s,

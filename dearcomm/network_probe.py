@@ -1,11 +1,13 @@
 """Measure this job's network in place: time the three collectives the
 schedules use on the training process group at a few sizes and fit the
 simulator's α–β line to them (dearcomm.fit_network, unweighted: the
-largest sizes decide the bandwidth), in about a second on a 1 Gbit/s link.
-wrap()'s "auto" options start with it. On a CPU they are dearcomm's own
-collectives over the group (the engine's: gloo's
+largest sizes decide the bandwidth), in about two seconds on a 1 Gbit/s
+link. wrap()'s "auto" options start with it. On a CPU they are dearcomm's
+own collectives over the group (the engine's: gloo's
 reduce-scatter and all-gather cost far more than dearcomm's, which are built
-from point-to-point transfers), on a GPU torch's over NCCL.
+from point-to-point transfers), and a fourth, the all-reduce the backend
+keeps in issue order for deft (Network's "ordered_all_reduce": dearcomm's
+exchanges, not gloo's allreduce); on a GPU torch's over NCCL.
 
     fit = probe_network(group, torch.device("cpu"))
     print(fit.table())
@@ -34,7 +36,7 @@ from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
 from .host_cost import cores_share
 from .network_fit import NetworkFit, fit_network
-from .prediction import KINDS
+from .prediction import KINDS, ORDERED_ALL_REDUCE
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 """Buffer sizes timed: they bracket the bucket sizes the planner tries (1–64
@@ -42,8 +44,10 @@ MiB), and the smallest shows the per-step latency α."""
 
 
 def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor, group, backend) -> None:
+    """``backend``: dearcomm's CPU backend, or None (torch's); for
+    ORDERED_ALL_REDUCE, one told to keep issue order."""
     if backend is not None:  # dearcomm's, as the engine issues them on a CPU
-        if kind == "all_reduce":
+        if kind in ("all_reduce", ORDERED_ALL_REDUCE):
             _C.all_reduce(backend, full).wait()
         elif kind == "reduce_scatter":
             _C.reduce_scatter(backend, full, shard).wait()
@@ -118,21 +122,27 @@ def all_reduce_lanes(group: Optional[dist.ProcessGroup], device: torch.device) -
 
 def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
                   sizes: Sequence[int] = PROBE_BYTES, repeats: int = 3) -> NetworkFit:
-    """Times reduce-scatter, all-gather and all-reduce of each size in
-    ``sizes`` (bytes of fp32, the full buffer) on ``group`` and returns rank
-    0's timings fitted (the same fit on every rank)."""
+    """Times reduce-scatter, all-gather and all-reduce (on a CPU also the
+    ordered all-reduce) of each size in ``sizes`` (bytes of fp32, the full
+    buffer) on ``group`` and returns rank 0's timings fitted (the same fit
+    on every rank)."""
     group = group or dist.group.WORLD
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    backend = cpu_backend(group) if device.type == "cpu" else None
+    backends = {kind: None for kind in KINDS}  # torch's, over NCCL: issue order changes nothing there
+    if device.type == "cpu":
+        plain, ordered = cpu_backend(group), cpu_backend(group)
+        _C.keep_issue_order(ordered)
+        backends = {**{kind: plain for kind in KINDS}, ORDERED_ALL_REDUCE: ordered}
     rows = []
     for nbytes in sizes:
         full, shard = _buffers(nbytes, world_size, device)
-        for kind in KINDS:
+        for kind, backend in backends.items():
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
             rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
     full, shard = _buffers(HOST_BYTES, world_size, device)
-    host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS)[1] / 1e3 for kind in KINDS}
+    host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS)[1] / 1e3
+                   for kind, backend in backends.items()}
     rows, host_cpu_ms = rank0s((rows, host_cpu_ms) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.

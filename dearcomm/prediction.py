@@ -27,6 +27,13 @@ from ._delays import bucket_delays
 from ._priorities import bucket_priorities
 
 KINDS = ("reduce_scatter", "all_gather", "all_reduce")
+ORDERED_ALL_REDUCE = "ordered_all_reduce"
+"""Network's key for an all-reduce the backend keeps in issue order (what
+schedule="deft" asks for): on a CPU another collective than gloo's
+allreduce, dearcomm's reduce-scatter and all-gather exchanges pipelined
+piece by piece. Where a Network gives it no figures it costs what
+"all_reduce" costs (NCCL runs one all-reduce either way)."""
+COST_KINDS = KINDS + (ORDERED_ALL_REDUCE,)
 MIB = 2**20
 
 
@@ -54,16 +61,26 @@ class ModuleProfile:
 
 
 def _known_kinds(field: str, by_kind: Mapping) -> None:
-    unknown = sorted(set(by_kind) - set(KINDS))
+    unknown = sorted(set(by_kind) - set(COST_KINDS), key=str)
     if unknown:
-        raise ValueError(f"dearcomm: Network.{field} names {unknown}; expected some of {list(KINDS)}")
+        raise ValueError(f"dearcomm: Network.{field} names {unknown}; expected some of {list(COST_KINDS)}")
+
+
+def _alpha_beta(kind: str, alpha_us, gbit_s) -> Tuple[float, float]:
+    """(alpha seconds, beta seconds per byte) of a kind's figures, checked."""
+    _check_number(f"{kind} alpha_us", alpha_us, allow_zero=True)
+    _check_number(f"{kind} gbit_s", gbit_s, allow_zero=False, allow_inf=True)
+    return alpha_us * 1e-6, 8.0 / (gbit_s * 1e9)
 
 
 @dataclasses.dataclass(frozen=True)
 class Network:
     """α–β cost of a ring collective: ``alpha_us`` per ring step, ``gbit_s``
     of bandwidth. ``per_kind`` overrides both for "reduce_scatter",
-    "all_gather" or "all_reduce" as {kind: (alpha_us, gbit_s)}.
+    "all_gather", "all_reduce" or "ordered_all_reduce" (an all-reduce the
+    backend keeps in issue order, as deft asks: on a CPU dearcomm's own
+    exchanges, not gloo's allreduce; unset, it costs what "all_reduce"
+    does) as {kind: (alpha_us, gbit_s)}.
     ``compute_slowdown``: how many times longer compute takes while a
     collective runs beside it, where both share the cores (gloo on a CPU:
     measure it with benchmarks/contention.py); 1 where they do not.
@@ -83,7 +100,8 @@ class Network:
     ones) leaves out. The simulated device owes it to the compute stream from
     the collective's issue and pays it at its next compute, unless a wait
     leaves the stream idle long enough. 0 where the collectives run elsewhere
-    (a GPU); dearcomm.network_probe measures it on a CPU."""
+    (a GPU); dearcomm.network_probe measures it on a CPU ("ordered_all_reduce":
+    the "all_reduce"'s unless given)."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -93,24 +111,22 @@ class Network:
     host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def host_costs(self) -> Dict[str, float]:
-        """{kind: seconds the compute stream loses per collective}, checked."""
+        """{kind: seconds the compute stream loses per collective} for every
+        kind of COST_KINDS, checked."""
         _known_kinds("host_ms", self.host_ms)
         out = {}
-        for kind in KINDS:
-            ms = self.host_ms.get(kind, 0.0)
+        for kind in COST_KINDS:
+            ms = self.host_ms.get(kind, self.host_ms.get("all_reduce", 0.0) if kind == ORDERED_ALL_REDUCE else 0.0)
             _check_number(f"{kind} host_ms", ms, allow_zero=True)
             out[kind] = ms * 1e-3
         return out
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
-        """{kind: (alpha seconds, beta seconds per byte)}"""
+        """{kind: (alpha seconds, beta seconds per byte)} for every kind of COST_KINDS"""
         _known_kinds("per_kind", self.per_kind)
-        out = {}
-        for kind in KINDS:
-            alpha_us, gbit_s = self.per_kind.get(kind, (self.alpha_us, self.gbit_s))
-            _check_number(f"{kind} alpha_us", alpha_us, allow_zero=True)
-            _check_number(f"{kind} gbit_s", gbit_s, allow_zero=False, allow_inf=True)
-            out[kind] = (alpha_us * 1e-6, 8.0 / (gbit_s * 1e9))
+        out = {kind: _alpha_beta(kind, *self.per_kind.get(kind, (self.alpha_us, self.gbit_s))) for kind in KINDS}
+        ordered = self.per_kind.get(ORDERED_ALL_REDUCE)
+        out[ORDERED_ALL_REDUCE] = out["all_reduce"] if ordered is None else _alpha_beta(ORDERED_ALL_REDUCE, *ordered)
         return out
 
     @classmethod

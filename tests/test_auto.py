@@ -133,8 +133,9 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     assert set(first[0]) == {"schedule", "update", "bucket_mb", "partition_mb", "credit_mb", "blocks", "priorities"}
     assert first[2] > 0 and first[4].gbit_s > 0
     assert first[4].all_reduce_lanes == 2, "the probed network: gloo's two worker threads run two all-reduces at once"
-    assert set(first[4].host_ms) == {"reduce_scatter", "all_gather", "all_reduce"} and \
+    assert set(first[4].host_ms) == {"reduce_scatter", "all_gather", "all_reduce", "ordered_all_reduce"} and \
         all(math.isfinite(v) and v >= 0 for v in first[4].host_ms.values()), "the probe's host cost per collective"
+    assert "ordered_all_reduce" in first[4].per_kind, "deft's ordered all-reduce, probed as a collective of its own"
     # The last reconfiguration's options are in force (a plan came before it).
     assert all(r["options"] == results[0]["options"] for r in results)
 

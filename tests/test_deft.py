@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import dearcomm
 from dearcomm import _C
+from dearcomm._delayed import switch_delays_off
 from dearcomm._delays import bucket_delays
 from tests.models import MixedNet, batches, global_batch, local_slice
 from tests.multiprocess import run_workers
@@ -473,8 +474,7 @@ def auto_after_the_guard_worker(rank, world_size):
                                     max_delay=1)
     runtime = model._dear
     kept = (runtime.options.schedule, bool(runtime.options.delays))
-    runtime.auto.forbid_delays()  # what the guard does when it fires (_delayed.py)
-    runtime.reconfigure(dataclasses.replace(runtime.options, delays={}, max_delay=0))
+    switch_delays_off(runtime)  # what the guard does when it fires
     auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "dear"][:1], [])
     runtime.auto._plan_due, runtime.auto._replan_reason = True, "a test's re-plan"
     before = [p.detach().clone() for p in model.parameters()]

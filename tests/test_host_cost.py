@@ -80,23 +80,28 @@ def _probe_worker(rank, world_size):
     """The probe on a real gloo group, each rank's 16 KiB calls made to read
     a CPU time of its own: every rank gets rank 0's, times the cores' share."""
     from dearcomm import network_probe
+    from dearcomm.prediction import COST_KINDS
 
     timed = network_probe._timed
 
     def rank_tagged(kind, full, shard, *args):
         wall, cpu = timed(kind, full, shard, *args)
         small = full.numel() * 4 <= network_probe.HOST_BYTES
-        return wall, (1000.0 * (rank + 1) * (1 + network_probe.KINDS.index(kind)) if small else cpu)
+        return wall, (1000.0 * (rank + 1) * (1 + COST_KINDS.index(kind)) if small else cpu)
     network_probe._timed = rank_tagged
     network = network_probe.probe_network(None, torch.device("cpu")).network
-    return network.host_ms, cores_share(torch.device("cpu"))
+    return network.host_ms, cores_share(torch.device("cpu")), network.per_kind
 
 
 def test_the_probe_charges_rank_0s_cpu_of_a_small_call_on_every_rank():
     from tests.multiprocess import run_workers
 
     results = run_workers(_probe_worker, 2, deadline=120)
-    (host_ms, share), (other, _) = results
+    (host_ms, share, per_kind), (other, _, other_per_kind) = results
     assert host_ms == other, "every rank holds rank 0's host cost"
     assert host_ms == pytest.approx({"reduce_scatter": 1.0 * share, "all_gather": 2.0 * share,
-                                     "all_reduce": 3.0 * share})
+                                     "all_reduce": 3.0 * share, "ordered_all_reduce": 4.0 * share})
+    # On a CPU the ordered all-reduce (deft's) is a collective of its own, fitted beside the three.
+    assert per_kind == other_per_kind and set(per_kind) == {"reduce_scatter", "all_gather", "all_reduce",
+                                                            "ordered_all_reduce"}
+    assert all(gbit_s > 0 for _, gbit_s in per_kind.values())

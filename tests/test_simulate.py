@@ -159,6 +159,28 @@ def test_hand_computed_all_reduces_sharing_the_link_two_at_a_time():
     assert timeline("deft", 2) == one_at_a_time
 
 
+def test_hand_computed_timeline_of_deft_whose_ordered_all_reduces_cost_their_own():
+    """An all-reduce the backend keeps in issue order (deft's) costs what
+    Network's "ordered_all_reduce" says: here half the bandwidth, 4 ms each;
+    wfbp's all-reduces keep the "all_reduce" price."""
+    slow = dataclasses.replace(NETWORK, per_kind={"ordered_all_reduce": (0.0, NETWORK.gbit_s / 2)})
+    p = dearcomm.simulate(PROFILE, schedule="deft", world_size=2, network=slow, step_ms=2.0, bucket_mb=0,
+                          iterations=2, delays=[1, 0, 0])
+    got = [(op["bucket"], op["iteration"], pytest.approx(op["start_ms"], abs=1e-9),
+            pytest.approx(op["end_ms"], abs=1e-9)) for op in p.ops]
+    assert got == [
+        # it 0: fwd [0,3]; bwd m2 [3,5] -> AR2 [5,9], m1 [5,7] -> AR1 [9,13], m0 [7,9] -> AR0 [13,17] (delayed);
+        # backward returns with AR1 at 13, step [13,15]
+        (2, 0, 5, 9), (1, 0, 9, 13),
+        # it 1 starts at 15: fwd [15,18], bwd m2 [18,20] -> AR2 [20,24], m1 -> AR1 [24,28], m0 -> AR0 [28,32];
+        # backward returns at 28 with it 0's AR0; step [28,30]: iteration 30 - 15
+        (2, 1, 20, 24), (1, 1, 24, 28), (0, 0, 13, 17), (0, 1, 28, 32),
+    ]
+    assert p.iteration_ms == pytest.approx(15.0)
+    assert dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=slow, step_ms=2.0, bucket_mb=0,
+                             iterations=2).iteration_ms == pytest.approx(13.0)
+
+
 def test_hand_computed_timeline_with_gradients_spread_over_a_module_s_backward():
     """One module, two 1 MiB parameters (a bucket each), backward 2 ms; the
     second's gradient ready 0.5 ms into it, the first's at its end."""
@@ -269,6 +291,10 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=-1, gbit_s=1)), ValueError, "alpha_us must be"),
     (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"ordered_all_reduce": (1, -1)})), ValueError,
+     "ordered_all_reduce gbit_s must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"ordered_all_reduce": math.inf})), ValueError,
+     "ordered_all_reduce host_ms must be"),
     (dict(iterations=0), ValueError, "iterations must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0})), ValueError, "host_ms names"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0})), ValueError,

@@ -18,11 +18,13 @@ void check(const char* kind, const AlphaBeta& ab) {
 }  // namespace
 
 CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
-                     double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes)
+                     AlphaBeta ordered_all_reduce, double compute_slowdown, double comm_slowdown,
+                     int64_t all_reduce_lanes)
     : world_size_(world_size),
       reduce_scatter_(reduce_scatter),
       all_gather_(all_gather),
       all_reduce_(all_reduce),
+      ordered_all_reduce_(ordered_all_reduce),
       compute_slowdown_(compute_slowdown),
       comm_slowdown_(comm_slowdown),
       all_reduce_lanes_(all_reduce_lanes) {
@@ -31,6 +33,7 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
   check("reduce_scatter", reduce_scatter_);
   check("all_gather", all_gather_);
   check("all_reduce", all_reduce_);
+  check("ordered_all_reduce", ordered_all_reduce_);
   DEARCOMM_CORE_CHECK(std::isfinite(compute_slowdown_) && compute_slowdown_ >= 1.0, std::invalid_argument,
                       "dearcomm: compute_slowdown must be a finite factor >= 1, got ", compute_slowdown_);
   DEARCOMM_CORE_CHECK(std::isfinite(comm_slowdown_) && comm_slowdown_ >= 1.0, std::invalid_argument,
@@ -39,24 +42,25 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
                       "dearcomm: all_reduce_lanes must be >= 1, got ", all_reduce_lanes_);
 }
 
-const AlphaBeta& CostModel::of(Collective kind) const {
+const AlphaBeta& CostModel::of(Collective kind, bool in_issue_order) const {
   switch (kind) {
     case Collective::kReduceScatter: return reduce_scatter_;
     case Collective::kAllGather: return all_gather_;
-    case Collective::kAllReduce: return all_reduce_;
+    case Collective::kAllReduce: return in_issue_order ? ordered_all_reduce_ : all_reduce_;
   }
   return all_reduce_;
 }
 
-double CostModel::seconds(Collective kind, int64_t bytes) const {
+double CostModel::seconds(Collective kind, int64_t bytes, bool in_issue_order) const {
   const double p = static_cast<double>(world_size_);
   const double passes = kind == Collective::kAllReduce ? 2.0 : 1.0;  // an all-reduce is RS + AG
-  const AlphaBeta& ab = of(kind);
+  const AlphaBeta& ab = of(kind, in_issue_order);
   return passes * ((p - 1) * ab.alpha_s + (p - 1) / p * static_cast<double>(bytes) * ab.seconds_per_byte);
 }
 
-int64_t CostModel::all_reduce_bytes_in(double seconds) const {
-  const double per_byte = 2.0 * (world_size_ - 1) / static_cast<double>(world_size_) * all_reduce_.seconds_per_byte;
+int64_t CostModel::all_reduce_bytes_in(double seconds, bool in_issue_order) const {
+  const double per_byte = 2.0 * (world_size_ - 1) / static_cast<double>(world_size_) *
+                          of(Collective::kAllReduce, in_issue_order).seconds_per_byte;
   if (per_byte <= 0) {
     return INT64_MAX;
   }

@@ -13,6 +13,7 @@ SimDevice::SimDevice(const core::Layout& layout, const Profile& profile, const C
       profile_(profile),
       cost_(cost),
       link_model_(link_model),
+      in_issue_order_(all_reduces_in_issue_order),
       all_reduce_lanes_(all_reduces_in_issue_order ? 1 : cost.all_reduce_lanes()) {
   for (int64_t numel : profile_.param_numels) {
     total_numel_ += numel;
@@ -102,7 +103,7 @@ std::vector<int64_t> SimDevice::begin_backward() {
     drained_.clear();
     double before = backward_begin_;
     for (double tick : ticks_) {
-      drained_.push_back(cost_.all_reduce_bytes_in(tick - before));
+      drained_.push_back(cost_.all_reduce_bytes_in(tick - before, in_issue_order_));
       before = tick;
     }
   }
@@ -122,8 +123,8 @@ void SimDevice::issue(const Op& op) {
   const std::pair<int64_t, int64_t> key{op.bucket, op.slot};
   // start and end are set when the channel reaches and finishes it (advance).
   in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, -1.0, -1.0};
-  channel_.push_back({key, op.kind, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes)});
-  host_owed_s_ += cost_.host_seconds(op.kind);
+  channel_.push_back({key, op.kind, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes, in_issue_order_)});
+  host_owed_s_ += cost_.host_seconds(op.kind, in_issue_order_);
   if (channel_.size() <= running()) {  // runs at once
     in_flight_[key].start_s = now_;
     if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel

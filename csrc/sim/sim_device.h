@@ -4,7 +4,8 @@
 // time (one NCCL stream; the CPU backend's exchanges and ordered
 // all-reduces), except that up to `all_reduce_lanes` consecutive all-reduces
 // run at once, sharing the link equally (gloo's worker threads), each taking
-// what the CostModel says alone. A wait moves the compute
+// what the CostModel says alone (in issue order: its ordered all-reduce's
+// cost, where the schedule asks the backend for that order). A wait moves the compute
 // stream to the collective's end. Where compute and a collective run at
 // once, compute progresses CostModel::compute_slowdown() times slower and the
 // collective comm_slowdown() times slower (cores shared with the transport):
@@ -81,6 +82,7 @@ class SimDevice final : public core::Device {
   const Profile& profile_;
   const CostModel& cost_;
   const bool link_model_;
+  const bool in_issue_order_;       // the schedule asked the backend for issue order (its all-reduces' cost)
   const int64_t all_reduce_lanes_;  // all-reduces run at once (the CostModel's, or 1)
   int64_t total_numel_ = 0;
   // The channel's collectives not finished at now_, in issue order: the
