@@ -34,3 +34,23 @@ def test_the_summary_keeps_repeats_apart_from_the_candidates():
     assert not prediction_summary.is_candidate("dear-sharded/p4/again")
     assert prediction_summary.is_candidate("dear-sharded/p4")
     assert prediction_summary.repeats(runs) == pytest.approx({"ddp": 0.04, "dear-sharded/p4": -0.05})
+
+
+def test_the_replay_applies_the_current_rule_to_a_stored_auto_run():
+    """auto_replay.py on the confirmations the widein run at 4 ranks stored
+    (timed-twice/auto-rule-widein-1gbit-4.json): both contenders beat the
+    reference within 0.4% of each other; the run kept the lower ratio
+    (1 MiB partitions), the current rule the one predicted faster (4 MiB)."""
+    import auto_replay
+
+    p1 = {"schedule": "dear", "bucket_mb": 25.0, "partition_mb": 1.0, "credit_mb": None, "update": "sharded"}
+    p4 = dict(p1, partition_mb=4.0)
+    ddp = {"schedule": "wfbp", "bucket_mb": 25.0, "partition_mb": None, "credit_mb": None, "update": "replicated"}
+    run = dict(auto_options=p1, auto_predicted_ms=456.4, auto_default_ms=483.5,
+               auto_shortlist=[[p4, 430.1], [ddp, 479.9], [p1, 456.4]], auto_measured_ms=[414.4, 485.6, 426.9],
+               auto_confirmations=[[0, 433.0], [2, 430.4], [1, 491.6], [0, 424.4], [2, 422.5], [1, 485.3],
+                                   [0, 430.7], [2, 434.2], [1, 504.0]])
+    assert auto_replay.replayed(run) == (2, 0, ((p4, 430.1), (ddp, 479.9), (p1, 456.4)))
+    assert auto_replay.replayed(dict(run, auto_confirmations=[])) is None
+    # Confirmations of another set of contenders (one, from older files): not replayed.
+    assert auto_replay.replayed(dict(run, auto_confirmations=[[0, 433.0], [1, 491.6]] * 3)) is None
