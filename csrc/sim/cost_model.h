@@ -19,8 +19,8 @@
 // `ordered_all_reduce`: the cost of an all-reduce the backend keeps in issue
 // order, where that is another implementation (the CPU backend's: its own
 // reduce-scatter and all-gather exchanges, pipelined, in place of gloo's
-// allreduce: 6-17% slower than gloo's at 4 ranks on the emulated 1 Gbit/s
-// link, 1-3% at 2); the same as `all_reduce` where it is one (NCCL).
+// allreduce: 6-23% slower than gloo's at 4 ranks on the emulated 1 Gbit/s
+// link, within 4% at 2); the same as `all_reduce` where it is one (NCCL).
 // Standard C++ only.
 #pragma once
 
