@@ -18,10 +18,6 @@ from auto_summary import NOT_FIXED, twin
 from dearcomm import _auto
 
 
-def describe(options: dict) -> str:
-    return _auto._describe(options)
-
-
 def replayed(run: dict):
     """(index the run chose, index this checkout chooses, shortlist), or None
     where the run confirmed nothing or confirmed another set of contenders
@@ -67,8 +63,8 @@ def main() -> None:
             def measured(i: int) -> str:
                 fixed_twin = twin(shortlist[i][0], fixed, data["args"]["bucket_mb"])
                 if fixed_twin is None or not ddp:
-                    return f"{describe(shortlist[i][0])} (predicted {shortlist[i][1]:.1f} ms; no fixed run)"
-                return (f"{describe(shortlist[i][0])} (predicted {shortlist[i][1]:.1f} ms; fixed {fixed_twin} "
+                    return f"{_auto._describe(shortlist[i][0])} (predicted {shortlist[i][1]:.1f} ms; no fixed run)"
+                return (f"{_auto._describe(shortlist[i][0])} (predicted {shortlist[i][1]:.1f} ms; fixed {fixed_twin} "
                         f"{ddp / fixed[fixed_twin]['median_ms']:.3f}x DDP)")
             print(f"{path} {name}:\n  chose {measured(chose)}\n  now   {measured(now)}")
     print(f"{replays} auto runs with confirmations replayed; {changed} would choose otherwise")

@@ -411,9 +411,10 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     # run made the CPU backend order them (deft asks for it itself), and then
     # they are the ordered ones; DEARCOMM_CPU_ORDERED=0 leaves deft's to gloo.
     lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
-    if ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=" in name:
-        ordered = "DEARCOMM_CPU_ORDERED=1" in name
-        per_kind["all_reduce" if ordered else ORDERED_ALL_REDUCE] = per_kind[ORDERED_ALL_REDUCE if ordered else "all_reduce"]
+    if ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=1" in name:
+        per_kind["all_reduce"] = per_kind[ORDERED_ALL_REDUCE]
+    elif ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=0" in name:
+        per_kind[ORDERED_ALL_REDUCE] = per_kind["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {})
     extra = {}

@@ -49,11 +49,13 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   profile.pack_s_per_byte = pack_s_per_byte;
   profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
+  // Without "ordered_all_reduce" (NCCL, or callers that give three kinds) it costs an all-reduce's.
   const sim::AlphaBeta all_reduce = cost_of(costs, host_s, "all_reduce");
+  const sim::AlphaBeta ordered = costs.count("ordered_all_reduce") ? cost_of(costs, host_s, "ordered_all_reduce")
+                                                                     : all_reduce;
   const sim::CostModel cost(layout.world_size, cost_of(costs, host_s, "reduce_scatter"),
-                            cost_of(costs, host_s, "all_gather"), all_reduce,
-                            costs.count("ordered_all_reduce") ? cost_of(costs, host_s, "ordered_all_reduce") : all_reduce,
-                            compute_slowdown, comm_slowdown, all_reduce_lanes);
+                            cost_of(costs, host_s, "all_gather"), all_reduce, ordered, compute_slowdown,
+                            comm_slowdown, all_reduce_lanes);
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
