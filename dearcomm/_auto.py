@@ -28,7 +28,11 @@ At the first training forward, before any gradient is communicated:
      others' did (a family's runners-up differ from its best in partition size
      first: the simulator errs more on how finely to cut than on bucket
      sizes). The shortlist always holds the reference, DDP's layout (wfbp,
-     25 MiB buckets, no partitions; for options the user fixed, those):
+     25 MiB buckets, no partitions; for options the user fixed, those),
+     and wrap()'s default for the "auto" options (what the job would train
+     with without them: on loopback the simulator priced dear-sharded with
+     partitions ahead of it, and in 5 of 6 runs of the MLP the default, never
+     measured, beat what auto kept by 4-8%):
      the CONFIRM_CONTENDERS fastest measured candidates and the reference
      are measured once more, in turn, CONFIRM_ROUNDS times; a contender
      beats the reference if its median ratio to it is below
@@ -89,7 +93,8 @@ MAX_REPLANS = 2
 MAX_TRIALS = 6
 """Candidates measured first: the best predicted of each schedule and update
 (six families: dear sharded and replicated, wfbp, bytescheduler, usbyte,
-deft; with four, GPT's best family, wfbp with partitions, was never measured)."""
+deft; with four, GPT's best family, wfbp with partitions, was never measured),
+and the reference and wrap()'s default where they are not among them."""
 REFINE_TRIALS = 2
 """Then the next best predicted candidates of each of the REFINE_FAMILIES
 families that measured fastest."""
@@ -182,6 +187,8 @@ class AutoPlan:
     the others (see ``first_again_due``); kept for the log only."""
     reference: Optional[int] = None
     """The shortlist's index of the reference candidate (see the module's docstring)."""
+    default: Optional[int] = None
+    """The shortlist's index of wrap()'s default for the "auto" options."""
     confirmations: Tuple[Tuple[int, float], ...] = ()
     """(shortlist index, rank 0's median iteration) of the confirmation round, as far as measured."""
 
@@ -510,14 +517,11 @@ class AutoPlanner:
                                     self.max_delay)
             if self._planned_schedule_open() and self._delays_planned:  # after deft's guard too: it clears them
                 keys += ("delays", "max_delay")
-            first, runners_up = _shortlist(result)
-            reference = _reference(result, self.auto)
-            if reference is not None and reference not in first:
-                first.append(reference)
+            first, runners_up, reference, default = _first_round(result, self.auto, self.update_free)
             shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
             chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
-                              reference=None if reference is None else first.index(reference),
+                              reference=reference, default=default,
                               predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
                               network=network, profile=profile, planning_s=time.perf_counter() - started)
@@ -637,6 +641,20 @@ def _shortlist(result: autotune.Plan) -> Tuple[List[autotune.Candidate], List[au
     return first, runners_up
 
 
+def _first_round(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool
+                 ) -> Tuple[List[autotune.Candidate], List[autotune.Candidate], Optional[int], Optional[int]]:
+    """_shortlist's first round, with the reference and wrap()'s default
+    after it where they are not in it; its runners-up; the reference's and
+    the default's index in the first round (None where not simulated)."""
+    first, runners_up = _shortlist(result)
+    anchors = (_reference(result, auto), _default(result, auto, update_free))
+    for anchor in anchors:
+        if anchor is not None and anchor not in first:
+            first.append(anchor)
+    reference, default = (None if anchor is None else first.index(anchor) for anchor in anchors)
+    return first, runners_up, reference, default
+
+
 def _other_cuts_first(family: List[autotune.Candidate]) -> List[autotune.Candidate]:
     """A family's candidates after its best, fastest predicted first, but
     each partition size the family has not shown yet before the rest."""
@@ -653,9 +671,24 @@ def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotun
     """The simulated candidate with REFERENCE's values for the options that
     are "auto" (the others are the user's in every candidate), None if none."""
     for values in REFERENCE:
-        for candidate in result.candidates:
-            if all(candidate.options.get(k) == v for k, v in values.items() if k in auto):
-                return candidate
+        candidate = _candidate_with(result, {k: v for k, v in values.items() if k in auto})
+        if candidate is not None:
+            return candidate
+    return None
+
+
+def _default(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool) -> Optional[autotune.Candidate]:
+    """The simulated candidate with wrap()'s defaults for the options that are
+    "auto" (and for the update, where the planner picks it), None if none."""
+    chosen = set(auto) | ({"update"} if update_free else set())
+    return _candidate_with(result, {k: v for k, v in autotune.DEFAULT_OPTIONS if k in chosen})
+
+
+def _candidate_with(result: autotune.Plan, values: Dict[str, Any]) -> Optional[autotune.Candidate]:
+    """The fastest predicted candidate with these values, None if none."""
+    for candidate in result.candidates:  # fastest predicted first
+        if all(candidate.options.get(k) == v for k, v in values.items()):
+            return candidate
     return None
 
 

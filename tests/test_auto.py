@@ -77,7 +77,8 @@ def _auto_worker(rank, world_size):
     assert "the predicted best plan" in str(report)
     return dict(params={n: p.detach().clone() for n, p in model.named_parameters()},
                 plans=[(p.options, p.step, p.predicted_ms, p.profile.forward_ms, p.network, p.shortlist, p.measured_ms,
-                        p.reference, p.confirmations, p.decided, p.first_trial_ms, p.runners_up) for p in plans],
+                        p.reference, p.confirmations, p.decided, p.first_trial_ms, p.runners_up, p.default)
+                       for p in plans],
                 options=dataclasses.asdict(model._dear.options) | dict(choice=None, process_group=None))
 
 
@@ -95,14 +96,18 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
     assert len(plans[0]) == 2, "one plan at the start and one re-plan after the drift check"
     assert plans[0][0][1] == 0 and plans[0][1][1] > 0
     family = lambda options: (options["schedule"], options["update"])  # noqa: E731
-    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided, first, runners_up \
-            in plans[0]:
+    for options, _, predicted, _, _, shortlist, measured, reference, confirmations, decided, first, runners_up, \
+            default in plans[0]:
         assert decided and len(measured) == len(shortlist)
         assert first is not None and first > 0, "the first candidate measured again after the first round"
         assert {k: shortlist[reference][0][k] for k in ("schedule", "bucket_mb", "partition_mb", "credit_mb")} == \
             dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None), "the reference: DDP's layout"
-        first_round = 2 if reference < 2 else 3  # the two families' best, and the reference unless one of them
-        assert reference <= 2 and len({family(o) for o, _ in shortlist[:2]}) == 2
+        assert shortlist[default][0] | dict(blocks=None, priorities=None) == \
+            dict(schedule="dear", update="sharded", bucket_mb=25.0, partition_mb=None, credit_mb=None,
+                 blocks=None, priorities=None), "wrap()'s default"
+        # The two families' best, then the reference and wrap()'s default unless among them.
+        first_round = 2 + len({i for i in (reference, default) if i >= 2})
+        assert max(reference, default) < first_round and len({family(o) for o, _ in shortlist[:2]}) == 2
         # The fastest family with a runner-up left is refined: usbyte has one candidate, its planner's,
         # and a family whose runner-up is the reference has none left once the reference is measured.
         first_options = [o for o, _ in shortlist[:first_round]]
@@ -207,6 +212,34 @@ def _plan_measured(measured, reference, confirmations=(), predicted=None):
                           step=0, reason="test", network=None, profile=None, shortlist=shortlist,
                           runners_up=(), refined=True, measured_ms=tuple(measured), reference=reference,
                           confirmations=tuple(confirmations))
+
+
+def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their_prediction(monkeypatch):
+    _knobs(monkeypatch, MAX_TRIALS=2)
+    # As on loopback: dear-sharded with partitions predicted fastest, the default far behind.
+    candidates = [_candidate(90.0, partition_mb=4.0), _candidate(92.0, update="replicated", partition_mb=4.0),
+                  _candidate(95.0, schedule="bytescheduler", update="replicated"),
+                  _candidate(97.0, partition_mb=16.0), _candidate(99.0),
+                  _candidate(101.0, schedule="wfbp", update="replicated")]
+    result = autotune.Plan(best=candidates[0], default=candidates[4], candidates=candidates)
+    auto = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
+    first, runners_up, reference, default = _auto._first_round(result, auto, update_free=True)
+    assert first == [candidates[0], candidates[1], candidates[5], candidates[4]]
+    assert (reference, default) == (2, 3)
+    assert candidates[3] in runners_up
+    # The update fixed by the user: the default is the fastest with the auto options' defaults.
+    first, _, reference, default = _auto._first_round(result, auto, update_free=False)
+    assert first[default] == candidates[4]
+    # The default already in the first round (predicted fastest): not measured twice.
+    ranked = [candidates[4], candidates[5], candidates[0]]
+    result = autotune.Plan(best=ranked[0], default=ranked[0], candidates=ranked)
+    first, _, reference, default = _auto._first_round(result, auto, update_free=True)
+    assert first == ranked[:2] and (reference, default) == (1, 0)
+    # Only bucket_mb "auto" (the rest the user's): DDP's layout and wrap()'s default are one candidate.
+    sizes = [_candidate(90.0, bucket_mb=1.0), _candidate(99.0)]
+    result = autotune.Plan(best=sizes[0], default=sizes[1], candidates=sizes)
+    first, _, reference, default = _auto._first_round(result, ("bucket_mb",), update_free=False)
+    assert first == sizes and reference == default == 1
 
 
 def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirmations(monkeypatch):

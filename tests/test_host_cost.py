@@ -76,6 +76,21 @@ def test_cores_share_rejects_bad_counts(kwargs):
         cores_share(torch.device("cpu"), **args)
 
 
+def test_the_probe_s_host_cost_is_the_short_value_of_calls_that_take_one_of_two():
+    from dearcomm.network_probe import HOST_REPEATS, HOST_STATISTIC
+
+    short, long = [0.25 + 0.02 * i for i in range(HOST_REPEATS)], 3.5
+    # A third of the calls long (polling while the link holds the data): the median's
+    # value lands on the long one where 8 of 15 are; the host cost must not.
+    for n_long in (5, 8, 11):
+        values = [long] * n_long + short[:HOST_REPEATS - n_long]
+        assert HOST_STATISTIC(values) < 1.0, f"{n_long} of {HOST_REPEATS} long"
+    assert HOST_STATISTIC([long] * HOST_REPEATS) == long, "every call long: that is the cost"
+    assert HOST_STATISTIC([2.0, 1.0, 3.0, 4.0]) == 2.0
+    with pytest.raises(ValueError, match="no values"):
+        HOST_STATISTIC([])
+
+
 def _probe_worker(rank, world_size):
     """The probe on a real gloo group, each rank's 16 KiB calls made to read
     a CPU time of its own: every rank gets rank 0's, times the cores' share."""
@@ -84,8 +99,8 @@ def _probe_worker(rank, world_size):
 
     timed = network_probe._timed
 
-    def rank_tagged(kind, full, shard, *args):
-        wall, cpu = timed(kind, full, shard, *args)
+    def rank_tagged(kind, full, shard, *args, **kwargs):
+        wall, cpu = timed(kind, full, shard, *args, **kwargs)
         small = full.numel() * 4 <= network_probe.HOST_BYTES
         return wall, (1000.0 * (rank + 1) * (1 + COST_KINDS.index(kind)) if small else cpu)
     network_probe._timed = rank_tagged
