@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from dearcomm.network_probe import probe_network
-from dearcomm.prediction import KINDS
+from dearcomm.prediction import COST_KINDS
 
 
 def main():
@@ -23,11 +23,11 @@ def main():
     rank = dist.get_rank()
     if rank == 0:
         print(f"world {dist.get_world_size()}; host cost per collective (ms of compute), then the α-β fit")
-        print(f"{'probe':>5}" + "".join(f"{k:>16}" for k in KINDS) + f"{'alpha us':>10}{'Gbit/s':>8}")
+        print(f"{'probe':>5}" + "".join(f"{k:>20}" for k in COST_KINDS) + f"{'alpha us':>10}{'Gbit/s':>8}")
     for i in range(args.times):
         network = probe_network(None, torch.device("cpu")).network
         if rank == 0:
-            print(f"{i:>5}" + "".join(f"{network.host_ms[k]:>16.2f}" for k in KINDS)
+            print(f"{i:>5}" + "".join(f"{network.host_ms[k]:>20.2f}" for k in COST_KINDS)
                   + f"{network.alpha_us:>10.0f}{network.gbit_s:>8.2f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
