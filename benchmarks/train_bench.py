@@ -798,6 +798,7 @@ def main():
                           minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in COMM_KEYS},
+                          iterations_ms=[1e3 * x for x in t],  # this rank's, in order: ITERS per round
                           delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
         if planned and any(planned.values()):  # usbyte's blocks and order, deft's delays: --resimulate replays them
