@@ -31,8 +31,8 @@ At the first training forward, before any gradient is communicated:
      25 MiB buckets, no partitions; for options the user fixed, those),
      and wrap()'s default for the "auto" options (what the job would train
      with without them: on loopback the simulator priced dear-sharded with
-     partitions ahead of it, and in 5 of 6 runs of the MLP the default, never
-     measured, beat what auto kept by 4-8%):
+     partitions ahead of it, and in 6 of 6 runs of the MLP the default, never
+     measured, beat what auto kept by 4-10%):
      the CONFIRM_CONTENDERS fastest measured candidates and the reference
      are measured once more, in turn, CONFIRM_ROUNDS times; a contender
      beats the reference if its median ratio to it is below
