@@ -810,6 +810,7 @@ def main():
             rows[name].update(auto_options=plans[name].options, auto_predicted_ms=plans[name].predicted_ms,
                               auto_default_ms=plans[name].default_ms, auto_planning_s=plans[name].planning_s,
                               auto_trials_s=trials_s[name], auto_shortlist=plans[name].shortlist,
+                              auto_reference=plans[name].reference, auto_default=plans[name].default,
                               auto_measured_ms=plans[name].measured_ms,
                               auto_first_trial_ms=plans[name].first_trial_ms,
                               auto_confirmations=plans[name].confirmations)

@@ -16,7 +16,8 @@ At the first training forward, before any gradient is communicated:
   2. rank 0 simulates every candidate the "auto" options leave open
      (autotune.plan) on that profile and the probed network, and
      broadcasts a shortlist: the best predicted candidate of each schedule
-     and update (MAX_TRIALS at most), and each family's runners-up;
+     and update (MAX_TRIALS at most), the reference and wrap()'s default
+     (below), and each family's runners-up;
   3. training goes on with each shortlisted candidate in turn for one step
      that rebuilds the buckets (WARMUP steps for the first: the job's first
      steps run slow) and TRIAL_STEPS measured ones (the optimizer
@@ -137,11 +138,10 @@ kept DDP's layout twice in one row with dear-sharded/p4 predicted 0.91x its
 time and measured 0.987x and 0.976x of it in the confirmations (three rounds
 of three steps); over 8 rounds dear-sharded/p4 took 0.92x DDP's time. Of
 47 stored auto runs this changed 3 choices, each to a faster fixed run."""
-REFERENCE = (dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None),
-             {k: v for k, v in autotune.DEFAULT_OPTIONS if k != "update"})
-"""The reference candidate's values of the "auto" options, in order of
-preference: DDP's layout, else wrap()'s default (where the user's fixed
-options rule wfbp out)."""
+REFERENCE = dict(schedule="wfbp", bucket_mb=25.0, partition_mb=None, credit_mb=None)
+"""The reference candidate's values of the "auto" options: DDP's layout
+(where the user's fixed options rule wfbp out, wrap()'s default is the
+reference)."""
 PROFILE_ITERATIONS, PROFILE_WARMUP = 6, 2
 """Iterations profiled at the first forward (after the warm-up ones), and
 iterations timed beside collectives for the contention factors. With 3 (and
@@ -160,7 +160,8 @@ class AutoPlan:
     """The wrap() options trained with since ``step``."""
     predicted_ms: float
     default_ms: float
-    """wrap()'s default (dear, 25 MiB buckets) on the same prediction."""
+    """wrap()'s default for the "auto" options (dear, 25 MiB buckets, no
+    partitions; the options the user fixed as given) on the same prediction."""
     candidates: int
     step: int
     """Optimizer steps taken before this plan (0: planned at the start)."""
@@ -290,11 +291,16 @@ class AutoPlan:
         """The chosen options, as wrap()'s keyword arguments."""
         return _describe(self.options)
 
+    def _label(self, i: int) -> str:
+        """"(reference) " / "(default) " before shortlist entry i, where it is one."""
+        labels = [name for name, index in (("reference", self.reference), ("default", self.default)) if index == i]
+        return f"({', '.join(labels)}) " if labels else ""
+
     def __str__(self) -> str:
         trials = ""
         if self.measured_ms:
-            trials = "; measured " + ", ".join(f"{_describe(o)} {m:.2f} ms (predicted {p:.2f})" for (o, p), m
-                                               in zip(self.shortlist, self.measured_ms))
+            trials = "; measured " + ", ".join(f"{self._label(i)}{_describe(o)} {m:.2f} ms (predicted {p:.2f})"
+                                               for i, ((o, p), m) in enumerate(zip(self.shortlist, self.measured_ms)))
         if self.first_trial_ms is not None:
             trials += f"; the first candidate's first trial {self.first_trial_ms:.2f} ms (measured again after the others)"
         if self.confirmations:
@@ -518,11 +524,13 @@ class AutoPlanner:
             if self._planned_schedule_open() and self._delays_planned:  # after deft's guard too: it clears them
                 keys += ("delays", "max_delay")
             first, runners_up, reference, default = _first_round(result, self.auto, self.update_free)
+            # The default for these options (the user's fixed ones as given), else the planner's dear default.
+            default_ms = result.default.predicted_ms if default is None else first[default].predicted_ms
             shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
             chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
                               reference=reference, default=default,
-                              predicted_ms=result.predicted_ms, default_ms=result.default.predicted_ms,
+                              predicted_ms=result.predicted_ms, default_ms=default_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
                               network=network, profile=profile, planning_s=time.perf_counter() - started)
         return rank0s(chosen, runtime.group)
@@ -632,7 +640,7 @@ def _shortlist(result: autotune.Plan) -> Tuple[List[autotune.Candidate], List[au
     and update (the simulator's errors differ most between schedules),
     MAX_TRIALS at most, best predicted first; and each family's next
     REFINE_TRIALS best predicted (other partition sizes first), for the
-    refinement, and one spare: the reference may be one of them."""
+    refinement, and one spare: the reference or wrap()'s default may be one of them."""
     by_family: Dict[Tuple[str, str], List[autotune.Candidate]] = {}
     for candidate in result.candidates:  # fastest predicted first
         by_family.setdefault(_family(candidate.options), []).append(candidate)
@@ -647,7 +655,10 @@ def _first_round(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool
     after it where they are not in it; its runners-up; the reference's and
     the default's index in the first round (None where not simulated)."""
     first, runners_up = _shortlist(result)
-    anchors = (_reference(result, auto), _default(result, auto, update_free))
+    default = _default(result, auto, update_free)
+    # The others are the user's in every candidate: only the "auto" options tell DDP's layout.
+    reference = _candidate_with(result, {k: v for k, v in REFERENCE.items() if k in auto}) or default
+    anchors = (reference, default)
     for anchor in anchors:
         if anchor is not None and anchor not in first:
             first.append(anchor)
@@ -665,16 +676,6 @@ def _other_cuts_first(family: List[autotune.Candidate]) -> List[autotune.Candida
         (rest if cut in shown else other_cuts).append(candidate)
         shown.add(cut)
     return other_cuts + rest
-
-
-def _reference(result: autotune.Plan, auto: Tuple[str, ...]) -> Optional[autotune.Candidate]:
-    """The simulated candidate with REFERENCE's values for the options that
-    are "auto" (the others are the user's in every candidate), None if none."""
-    for values in REFERENCE:
-        candidate = _candidate_with(result, {k: v for k, v in values.items() if k in auto})
-        if candidate is not None:
-            return candidate
-    return None
 
 
 def _default(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool) -> Optional[autotune.Candidate]:

@@ -227,9 +227,17 @@ def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their
     assert first == [candidates[0], candidates[1], candidates[5], candidates[4]]
     assert (reference, default) == (2, 3)
     assert candidates[3] in runners_up
-    # The update fixed by the user: the default is the fastest with the auto options' defaults.
-    first, _, reference, default = _auto._first_round(result, auto, update_free=False)
+    # Where the planner picks the update, the default is dear's own (sharded), not a faster
+    # replicated one; where the user fixed it (every candidate has theirs), it is that one.
+    replicated = _candidate(98.0, update="replicated")
+    both = sorted(candidates + [replicated], key=lambda c: c.predicted_ms)
+    result_both = autotune.Plan(best=both[0], default=candidates[4], candidates=both)
+    first, _, _, default = _auto._first_round(result_both, auto, update_free=True)
     assert first[default] == candidates[4]
+    fixed = [c for c in both if c.options["update"] == "replicated"]
+    first, _, reference, default = _auto._first_round(
+        autotune.Plan(best=fixed[0], default=candidates[4], candidates=fixed), auto, update_free=False)
+    assert first[default] == replicated and first[reference].options["schedule"] == "wfbp"
     # The default already in the first round (predicted fastest): not measured twice.
     ranked = [candidates[4], candidates[5], candidates[0]]
     result = autotune.Plan(best=ranked[0], default=ranked[0], candidates=ranked)
@@ -265,9 +273,10 @@ def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirm
     assert plan.first_trial_ms == 130.0 and plan.measured_ms == (90.0, 105.0, 100.0, 95.0)
     assert plan.shortlist[3][0] == runners_up[0][0], "dear's runner-up: its family measured fastest the second time"
     assert plan.choice() == (0, 91.0)
-    assert "the first candidate's first trial 130.00 ms" in str(dataclasses.replace(
-        plan, profile=types.SimpleNamespace(forward_ms=1.0, backward_ms=2.0, step_ms=1.0),
-        network=dearcomm.prediction.Network(alpha_us=100.0, gbit_s=1.0)))
+    logged = str(dataclasses.replace(plan, profile=types.SimpleNamespace(forward_ms=1.0, backward_ms=2.0, step_ms=1.0),
+                                     network=dearcomm.prediction.Network(alpha_us=100.0, gbit_s=1.0), default=0))
+    assert "the first candidate's first trial 130.00 ms" in logged
+    assert "measured (default) schedule=dear" in logged and ", (reference) schedule=wfbp" in logged
     # One candidate and no runner-up: nothing to measure again.
     alone = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=1, step=0,
                            reason="test", network=None, profile=None, shortlist=shortlist[:1])
@@ -399,11 +408,15 @@ def test_the_reference_is_ddps_layout_or_the_users_own_options():
                   _candidate(97.0, bucket_mb=25.0),
                   _candidate(99.0, schedule="wfbp", update="replicated", bucket_mb=25.0)]
     result = dearcomm.autotune.Plan(best=candidates[0], default=candidates[2], candidates=candidates)
-    assert _auto._reference(result, ("schedule", "bucket_mb", "partition_mb", "credit_mb")) is candidates[3]
+
+    def reference(plan, auto):
+        first, _, index, _ = _auto._first_round(plan, auto, update_free=False)
+        return None if index is None else first[index]
+    assert reference(result, ("schedule", "bucket_mb", "partition_mb", "credit_mb")) is candidates[3]
     # The schedule fixed by the user (every candidate has it): its 25 MiB buckets without partitions.
     dear_only = dataclasses.replace(result, candidates=[c for c in candidates if c.options["schedule"] == "dear"])
-    assert _auto._reference(dear_only, ("bucket_mb", "partition_mb")) is candidates[2]
+    assert reference(dear_only, ("bucket_mb", "partition_mb")) is candidates[2]
     # wfbp ruled out (the user's update): wrap()'s default.
-    assert _auto._reference(dear_only, ("schedule", "bucket_mb", "partition_mb")) is candidates[2]
+    assert reference(dear_only, ("schedule", "bucket_mb", "partition_mb")) is candidates[2]
     none_fits = dataclasses.replace(result, candidates=candidates[:2])
-    assert _auto._reference(none_fits, ("schedule", "bucket_mb", "partition_mb")) is None
+    assert reference(none_fits, ("schedule", "bucket_mb", "partition_mb")) is None

@@ -420,12 +420,12 @@ def test_max_delay_bounds_the_plan():
 
 def _auto_keeps_a_deft_plan_that_delays():
     """auto's shortlist made deft's fastest plan that delays something (no
-    reference to measure it against), on a link slow enough for one."""
+    reference or default to measure it against), on a link slow enough for one."""
     import dearcomm._auto as auto
 
-    auto._shortlist = lambda result: ([c for c in result.candidates
-                                       if c.options["schedule"] == "deft" and c.options["delays"]][:1], [])
-    auto.REFERENCE = ()
+    auto._first_round = lambda result, *args: ([c for c in result.candidates
+                                                 if c.options["schedule"] == "deft" and c.options["delays"]][:1],
+                                                [], None, None)
     measure = auto.measure_job
 
     def link_as_slow_as_compute(*args):
@@ -475,7 +475,8 @@ def auto_after_the_guard_worker(rank, world_size):
     runtime = model._dear
     kept = (runtime.options.schedule, bool(runtime.options.delays))
     switch_delays_off(runtime)  # what the guard does when it fires
-    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == "dear"][:1], [])
+    auto._first_round = lambda result, *args: (
+        [c for c in result.candidates if c.options["schedule"] == "dear"][:1], [], None, None)
     runtime.auto._plan_due, runtime.auto._replan_reason = True, "a test's re-plan"
     before = [p.detach().clone() for p in model.parameters()]
     g = torch.Generator().manual_seed(2)

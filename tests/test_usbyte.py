@@ -134,11 +134,11 @@ def test_planning_goes_on_where_contention_cannot_be_measured():
 
 def auto_keeping(schedule):
     """Makes "auto" keep the first candidate of `schedule` it simulates (a
-    shortlist of that one, no reference to measure it against)."""
+    shortlist of that one: no reference or default to measure it against)."""
     import dearcomm._auto as auto
 
-    auto._shortlist = lambda result: ([c for c in result.candidates if c.options["schedule"] == schedule][:1], [])
-    auto.REFERENCE = ()
+    auto._first_round = lambda result, *args: (
+        [c for c in result.candidates if c.options["schedule"] == schedule][:1], [], None, None)
 
 
 def auto_mlp_beside_reference():
