@@ -759,10 +759,10 @@ def main():
     profile = dearcomm.TrainingProfile.median_of(profiles)
     slowdown = statistics.median(c["compute_slowdown"] for c in contentions)
     comm_slowdown = statistics.median(c["comm_slowdown"] for c in contentions)
-    # The first round's timings (what --resimulate reads), the medians, every round's factors.
+    # The first round's timings (what --resimulate reads), the medians, and every round's
+    # factors with their timings (to compare estimators of κ and λ offline).
     contention = dict(contentions[0], compute_slowdown=slowdown, comm_slowdown=comm_slowdown,
-                      rounds=[dict(compute_slowdown=c["compute_slowdown"], comm_slowdown=c["comm_slowdown"])
-                              for c in contentions])
+                      rounds=[dict(c) for c in contentions])
     # The lower bound's and the ideal's compute: the profile's, taken across the
     # rounds like the runs (one measurement at the start has read twice the forward).
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
