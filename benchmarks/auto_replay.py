@@ -28,12 +28,11 @@ def replayed(run: dict):
     shortlist = tuple((options, predicted) for options, predicted in run["auto_shortlist"])
     # Each round measures the contenders, then the reference (stored as such in newer files).
     order = list(dict.fromkeys(i for i, _ in confirmations))
-    if run.get("auto_reference") is not None and run["auto_reference"] != order[-1]:
-        return None
     plan = _auto.AutoPlan(options=run["auto_options"], predicted_ms=run["auto_predicted_ms"],
                           default_ms=run["auto_default_ms"], candidates=len(shortlist), step=0, reason="replay",
                           network=None, profile=None, shortlist=shortlist, refined=True,
-                          measured_ms=tuple(run["auto_measured_ms"]), reference=order[-1],
+                          measured_ms=tuple(run["auto_measured_ms"]),
+                          reference=run.get("auto_reference", order[-1]),
                           confirmations=tuple(confirmations))
     if tuple(order[:-1]) != plan.contenders():
         return None
