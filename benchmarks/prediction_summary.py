@@ -10,7 +10,8 @@ compute slowed by the factor measured beside an all-reduce).
 measurements the file holds (rank 0's profile, each layout's collectives
 alone, both contention factors: compute beside collectives and collectives
 beside compute; usbyte's and deft's plans where the file has them; each
-collective's host cost, for older files from their layouts' CPU), instead
+collective's host CPU per call and per MiB, for older files from their
+layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
 checked against measurements already taken. Files written before the plans
 were stored replay usbyte and deft without them (their errors are then not
@@ -54,7 +55,7 @@ def resimulate(data) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_bench import COMM_KEYS, host_ms_of, simulated
+    from train_bench import COMM_KEYS, host_cpu_of, simulated
 
     import torch
 
@@ -70,12 +71,14 @@ def resimulate(data) -> None:
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
-    # Files from before runs recorded it: from their layouts' CPU, with this machine's cores.
-    host_ms = data.get("host_ms") or host_ms_of(
+    # Files from before runs recorded them: from their layouts' CPU, with this machine's cores.
+    fitted = host_cpu_of(
         [{k: (v / 1e3 if k in COMM_KEYS or k.startswith("cpu") else v) for k, v in c.items()}
          for c in data["comm_ms"].values()],
         cores_share(torch.device("cpu"), local_ranks=data["world_size"], threads=data.get("threads") or 1))
-    data["host_ms"] = host_ms
+    host_ms = data.get("host_ms") or fitted[0]
+    host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]
+    data["host_ms"], data["host_ms_per_mib"] = host_ms, host_ms_per_mib
     for name, run in data["runs"].items():
         if "skipped" in run or name not in layouts:
             continue
@@ -86,7 +89,7 @@ def resimulate(data) -> None:
                                                                names, run["buckets"]))
         seconds = simulated(name, args, profile, profile.step_ms, comm, data["world_size"],
                             contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown,
-                            planned=planned, names=names, host_ms=host_ms)
+                            planned=planned, names=names, host_ms=host_ms, host_ms_per_mib=host_ms_per_mib)
         run["predicted_ms"] = seconds * 1e3
     contention["comm_slowdown"] = comm_slowdown
 

@@ -1,6 +1,7 @@
 """The network probe wrap()'s "auto" starts with (dearcomm.network_probe),
 run several times in a row on one group: how far its fit (α, bandwidth) and
-each collective's host cost (Network.host_ms) move between probes.
+each collective's host CPU (Network.host_ms per call, host_ms_per_mib per MiB)
+move between probes.
 
     sudo python benchmarks/netlab.py --ranks 4 --rate 1gbit -- benchmarks/probe_repeat.py --times 4
     torchrun --nproc_per_node=2 benchmarks/probe_repeat.py
@@ -22,12 +23,13 @@ def main():
     torch.set_num_threads(1)  # as train_bench.py's ranks on this machine's cores
     rank = dist.get_rank()
     if rank == 0:
-        print(f"world {dist.get_world_size()}; host cost per collective (ms of compute), then the α-β fit")
-        print(f"{'probe':>5}" + "".join(f"{k:>20}" for k in COST_KINDS) + f"{'alpha us':>10}{'Gbit/s':>8}")
+        print(f"world {dist.get_world_size()}; host CPU per collective and per MiB (ms of compute), then the α-β fit")
+        print(f"{'probe':>5}" + "".join(f"{k:>30}" for k in COST_KINDS) + f"{'alpha us':>10}{'Gbit/s':>8}")
     for i in range(args.times):
         network = probe_network(None, torch.device("cpu")).network
         if rank == 0:
-            print(f"{i:>5}" + "".join(f"{network.host_ms[k]:>20.2f}" for k in COST_KINDS)
+            print(f"{i:>5}" + "".join(f"{network.host_ms[k]:>15.2f}{network.host_ms_per_mib[k]:>11.3f}/MiB"
+                                      for k in COST_KINDS)
                   + f"{network.alpha_us:>10.0f}{network.gbit_s:>8.2f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -86,7 +86,7 @@ from models import MODELS, fresh  # noqa: E402
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
-from dearcomm.host_cost import cores_share, fit_host_ms  # noqa: E402
+from dearcomm.host_cost import cores_share, fit_host_cpu  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
 from dearcomm.prediction import ORDERED_ALL_REDUCE  # noqa: E402
@@ -370,18 +370,19 @@ def kinds_in(layout):
     return [(kind, key) for kind, key in KIND_KEYS if key in layout]
 
 
-def host_ms_of(layouts, share):
-    """Network.host_ms from the row's layouts (measure_collectives' dicts,
-    times in seconds): the CPU each kind's collectives took alone against how
-    many there were (dearcomm.host_cost.fit_host_ms), times ``share``
-    (cores_share: the ranks on this machine over its cores)."""
-    return fit_host_ms({kind: [(c["buckets"], c["bytes"], 1e3 * c[f"cpu_{key}"]) for c in layouts]
-                        for kind, key in kinds_in(layouts[0])},
-                       share)
+def host_cpu_of(layouts, share):
+    """(Network.host_ms, Network.host_ms_per_mib) from the row's layouts
+    (measure_collectives' dicts, times in seconds): the CPU each kind's
+    collectives took alone against how many there were and their bytes
+    (dearcomm.host_cost.fit_host_cpu), times ``share`` (cores_share: the
+    ranks on this machine over its cores)."""
+    return fit_host_cpu({kind: [(c["buckets"], c["bytes"], 1e3 * c[f"cpu_{key}"]) for c in layouts]
+                         for kind, key in kinds_in(layouts[0])},
+                        share)
 
 
 def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
-               planned=None, names=None, host_ms=None):
+               planned=None, names=None, host_ms=None, host_ms_per_mib=None):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -391,8 +392,9 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     buckets of --bucket-mb standing in for its units. auto and dear-bo: with
     the options they chose (``chosen``); usbyte and deft with what they
     planned (``planned``: blocks, priorities and delays by parameter name,
-    and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``:
-    each collective's cost to the compute stream (host_ms_of)."""
+    and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``
+    and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
+    (host_cpu_of)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -416,7 +418,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     elif ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=0" in name:
         per_kind[ORDERED_ALL_REDUCE] = per_kind["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
-                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {})
+                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {},
+                               host_ms_per_mib=host_ms_per_mib or {})
     extra = {}
     if planned is not None and schedule in PLANNED_SCHEDULES:
         bucket_mb = planned.get("bucket_mb", bucket_mb)
@@ -769,7 +772,7 @@ def main():
 
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     share = cores_share(torch.device("cpu"), local_ranks=world)
-    host_ms = host_ms_of(list(comm.values()), share)
+    host_ms, host_ms_per_mib = host_cpu_of(list(comm.values()), share)
     rows, predictions = {}, {}
     for name, t in times.items():
         c = comm[comm_of[name]]
@@ -787,12 +790,14 @@ def main():
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
                                        comm_slowdown=comm_slowdown, planned=planned,
-                                       names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms)
+                                       names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
+                                       host_ms_per_mib=host_ms_per_mib)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
+                          predicted_cpu_ms=predictions[name].cpu_ms,  # the host CPU bound (rank 0's)
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
                           minor_faults=slowest(statistics.median(faults[name])),
@@ -832,8 +837,10 @@ def main():
               f"(rank 0; medians of {len(contentions)} rounds', κ "
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
-              + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " (the layouts' CPU per collective below "
-              f"x {share:.2f}, the ranks over the cores)")
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
+              f"x {share:.2f}, the ranks over the cores; the iteration takes at least the compute and "
+              f"{comm_slowdown:.2f}x that CPU)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
@@ -874,7 +881,7 @@ def main():
                                pieces_ms={k: 1e3 * v for k, v in pieces.items()}, profile=profile.to_dict(),
                                profile_rounds_ms=[dict(forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
                                                   for p in profiles],
-                               contention=contention, host_ms=host_ms,
+                               contention=contention, host_ms=host_ms, host_ms_per_mib=host_ms_per_mib,
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in COMM_KEYS or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},

@@ -19,12 +19,18 @@ py::list transitions_to_list(const std::vector<Transition>& records);  // bindin
 
 namespace {
 
-sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& costs,
-                       const std::map<std::string, double>& host_s, const std::string& kind) {
+using PerKind = std::map<std::string, double>;
+
+double of_kind(const PerKind& by_kind, const std::string& kind) {
+  const auto it = by_kind.find(kind);
+  return it == by_kind.end() ? 0.0 : it->second;
+}
+
+sim::AlphaBeta cost_of(const std::map<std::string, std::pair<double, double>>& costs, const PerKind& host_s,
+                       const PerKind& host_s_per_byte, const std::string& kind) {
   const auto it = costs.find(kind);
   TORCH_CHECK_VALUE(it != costs.end(), "dearcomm: no cost given for ", kind);
-  const auto host = host_s.find(kind);
-  return {it->second.first, it->second.second, host == host_s.end() ? 0.0 : host->second};
+  return {it->second.first, it->second.second, of_kind(host_s, kind), of_kind(host_s_per_byte, kind)};
 }
 
 py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
@@ -33,9 +39,12 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                   double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                   const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
-                  double average_s_per_byte, const std::map<std::string, double>& host_s) {
-  for (const auto& entry : host_s) {
-    TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: a host cost for unknown collective '", entry.first, "'");
+                  double average_s_per_byte, const PerKind& host_s, const PerKind& host_s_per_byte) {
+  for (const PerKind* by_kind : {&host_s, &host_s_per_byte}) {
+    for (const auto& entry : *by_kind) {
+      TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: a host cost for unknown collective '", entry.first,
+                        "'");
+    }
   }
   TORCH_CHECK_VALUE(grad_ready_s.empty() || grad_ready_s.size() == modules.size(), "dearcomm: grad_ready_s has ",
                     grad_ready_s.size(), " entries for ", modules.size(), " modules");
@@ -50,12 +59,11 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   profile.average_s_per_byte = average_s_per_byte;
   profile.param_numels = param_numels;
   // Without "ordered_all_reduce" (NCCL, or callers that give three kinds) it costs an all-reduce's.
-  const sim::AlphaBeta all_reduce = cost_of(costs, host_s, "all_reduce");
-  const sim::AlphaBeta ordered = costs.count("ordered_all_reduce") ? cost_of(costs, host_s, "ordered_all_reduce")
-                                                                     : all_reduce;
-  const sim::CostModel cost(layout.world_size, cost_of(costs, host_s, "reduce_scatter"),
-                            cost_of(costs, host_s, "all_gather"), all_reduce, ordered, compute_slowdown,
-                            comm_slowdown, all_reduce_lanes);
+  auto kind_cost = [&](const std::string& kind) { return cost_of(costs, host_s, host_s_per_byte, kind); };
+  const sim::AlphaBeta all_reduce = kind_cost("all_reduce");
+  const sim::AlphaBeta ordered = costs.count("ordered_all_reduce") ? kind_cost("ordered_all_reduce") : all_reduce;
+  const sim::CostModel cost(layout.world_size, kind_cost("reduce_scatter"), kind_cost("all_gather"), all_reduce,
+                            ordered, compute_slowdown, comm_slowdown, all_reduce_lanes);
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
@@ -87,6 +95,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   }
   py::dict out;
   out["iteration_s"] = result.iteration_s;
+  out["timeline_s"] = result.timeline_s;
+  out["cpu_s"] = result.cpu_s;
   out["iteration_starts_s"] = result.iteration_starts_s;
   out["ops"] = ops;
   out["spans"] = spans;
@@ -133,18 +143,18 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
                          const std::map<std::string, std::pair<double, double>>& costs, int64_t iterations,
                          double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                          const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
-                         double average_s_per_byte, const std::map<std::string, double>& host_s) {
+                         double average_s_per_byte, const PerKind& host_s, const PerKind& host_s_per_byte) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
           return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations,
                           compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s, pack_s_per_byte,
-                          average_s_per_byte, host_s);
+                          average_s_per_byte, host_s, host_s_per_byte);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
         py::arg("schedule"), py::arg("costs"), py::arg("iterations"), py::arg("compute_slowdown") = 1.0,
         py::arg("comm_slowdown") = 1.0, py::arg("all_reduce_lanes") = 1,
         py::arg("grad_ready_s") = std::vector<std::vector<double>>{}, py::arg("pack_s_per_byte") = 0.0,
-        py::arg("average_s_per_byte") = 0.0, py::arg("host_s") = std::map<std::string, double>{},
+        py::arg("average_s_per_byte") = 0.0, py::arg("host_s") = PerKind{}, py::arg("host_s_per_byte") = PerKind{},
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
 }
 

@@ -1,4 +1,4 @@
-"""What a collective costs the host beyond its bytes (Network.host_ms).
+"""What a collective costs the host's CPU (Network.host_ms, host_ms_per_mib).
 
 On a CPU every collective spends CPU time of its own (gloo's worker threads
 waking, its TCP exchanges, the engine's bookkeeping) whatever its size:
@@ -18,6 +18,14 @@ Two measured pieces make the cost:
     on this host over its cores, where their compute threads fill every core
     (each rank's collectives take from the cores every rank computes on), and
     0 where cores are left over for the collectives to run on, or on a GPU.
+
+The same fits give the CPU per byte, c1 (Network.host_ms_per_mib): the
+simulator does not stretch compute by it (compute_slowdown, measured beside
+large collectives, does that) but bounds the iteration by the CPU it needs.
+On loopback, 2 ranks on 2 cores, DDP's process took 493 ms of CPU per
+iteration of an MLP whose compute alone took 417 and whose all-reduces alone
+took 38: twice their CPU alone (comm_slowdown there read 1.98), and the
+iteration (531 ms) longer than the simulated timeline (509).
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import numpy as np
 import torch
 
 from .network_fit import _nnls2
-from .prediction import COST_KINDS, _check_number
+from .prediction import COST_KINDS, MIB, _check_number
 
 
 def cores_share(device: torch.device, local_ranks: Optional[int] = None, threads: Optional[int] = None,
@@ -57,8 +65,16 @@ def fit_host_ms(samples: Mapping[str, Iterable[Tuple[float, float, float]]], sha
     c1·bytes, times ``share`` (cores_share). A kind whose samples cannot
     separate the two (one point, or collectives proportional to bytes) gets 0:
     nothing measured is charged."""
+    return fit_host_cpu(samples, share)[0]
+
+
+def fit_host_cpu(samples: Mapping[str, Iterable[Tuple[float, float, float]]],
+                 share: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """(Network.host_ms, Network.host_ms_per_mib) from fit_host_ms's
+    ``samples``: per kind, c0 and c1 of the same fit (c1 per MiB), each times
+    ``share``; both 0 for a kind whose samples cannot separate them."""
     _check_number("share", share, allow_zero=True)
-    out = {}
+    per_call, per_mib = {}, {}
     for kind, rows in samples.items():
         if kind not in COST_KINDS:
             raise ValueError(f"dearcomm: fit_host_ms got samples for {kind!r}; expected some of {list(COST_KINDS)}")
@@ -67,10 +83,10 @@ def fit_host_ms(samples: Mapping[str, Iterable[Tuple[float, float, float]]], sha
             _check_number(f"{kind} collectives", n, allow_zero=False)
             _check_number(f"{kind} bytes", nbytes, allow_zero=True)
             _check_number(f"{kind} cpu_ms", cpu, allow_zero=True)
-        A = np.array([[n, nbytes] for n, nbytes, _ in rows], dtype=float)
+        A = np.array([[n, nbytes / MIB] for n, nbytes, _ in rows], dtype=float)
         if len(rows) < 2 or np.linalg.matrix_rank(A) < 2:
-            out[kind] = 0.0
+            per_call[kind] = per_mib[kind] = 0.0
             continue
-        c0, _ = _nnls2(A, np.array([cpu for *_, cpu in rows], dtype=float))
-        out[kind] = share * float(c0)
-    return out
+        c0, c1 = _nnls2(A, np.array([cpu for *_, cpu in rows], dtype=float))
+        per_call[kind], per_mib[kind] = share * float(c0), share * float(c1)
+    return per_call, per_mib

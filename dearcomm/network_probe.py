@@ -17,7 +17,8 @@ rank 0's timings, so all ranks hold the same Network, with its
 all_reduce_lanes read from the group (all_reduce_lanes()) and, on a CPU,
 its host_ms: the CPU time (this process, every thread) a HOST_BYTES call of
 each kind took, the lower quartile of HOST_REPEATS, times dearcomm.host_cost's
-cores_share.
+cores_share; and its host_ms_per_mib: the slope of each kind's CPU time
+against its bytes over those calls and the timed sizes, times the same share.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from . import _C
 from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
-from .host_cost import cores_share
+from .host_cost import cores_share, fit_host_cpu
 from .network_fit import NetworkFit, fit_network
 from .prediction import KINDS, ORDERED_ALL_REDUCE
 
@@ -154,11 +155,16 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     full, shard = _buffers(HOST_BYTES, world_size, device)
     host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
                    for kind, backend in backends.items()}
+    host_bytes = full.numel() * 4
     rows, host_cpu_ms = rank0s((rows, host_cpu_ms) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
     share = cores_share(device)
     host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
+    _, host_ms_per_mib = fit_host_cpu({kind: [(1, host_bytes, cpu_ms)] + [(1, r["bytes"], r["cpu_us"] / 1e3)
+                                                                           for r in rows if r["op"] == kind]
+                                       for kind, cpu_ms in host_cpu_ms.items()}, share)
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
+                                                                host_ms_per_mib=host_ms_per_mib,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

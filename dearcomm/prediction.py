@@ -66,6 +66,19 @@ def _known_kinds(field: str, by_kind: Mapping) -> None:
         raise ValueError(f"dearcomm: Network.{field} names {unknown}; expected some of {list(COST_KINDS)}")
 
 
+def _per_kind(field: str, by_kind: Mapping[str, float], scale: float) -> Dict[str, float]:
+    """A Network field of {kind: figure}, checked, times ``scale``, for every
+    kind of COST_KINDS ("ordered_all_reduce": the "all_reduce"'s unless
+    given; any other kind not given: 0)."""
+    _known_kinds(field, by_kind)
+    out = {}
+    for kind in COST_KINDS:
+        value = by_kind.get(kind, by_kind.get("all_reduce", 0.0) if kind == ORDERED_ALL_REDUCE else 0.0)
+        _check_number(f"{kind} {field}", value, allow_zero=True)
+        out[kind] = value * scale
+    return out
+
+
 def _alpha_beta(kind: str, alpha_us, gbit_s) -> Tuple[float, float]:
     """(alpha seconds, beta seconds per byte) of a kind's figures, checked."""
     _check_number(f"{kind} alpha_us", alpha_us, allow_zero=True)
@@ -101,7 +114,15 @@ class Network:
     the collective's issue and pays it at its next compute, unless a wait
     leaves the stream idle long enough. 0 where the collectives run elsewhere
     (a GPU); dearcomm.network_probe measures it on a CPU ("ordered_all_reduce":
-    the "all_reduce"'s unless given)."""
+    the "all_reduce"'s unless given).
+    ``host_ms_per_mib``: {kind: ms} of host CPU per MiB of a collective's
+    buffer (gloo's summing and copies), in the compute-stream milliseconds of
+    ``host_ms``. It does not stretch the timeline (compute_slowdown carries
+    the collectives' effect on compute); it bounds the iteration: where the
+    ranks fill the cores, an iteration takes at least its compute work plus
+    its collectives' CPU, comm_slowdown times what they take alone
+    (Prediction.cpu_ms). 0 where collectives run elsewhere (a GPU) or on
+    cores the compute leaves free."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -109,17 +130,17 @@ class Network:
     comm_slowdown: float = 1.0
     all_reduce_lanes: int = 1
     host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    host_ms_per_mib: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def host_costs(self) -> Dict[str, float]:
         """{kind: seconds the compute stream loses per collective} for every
         kind of COST_KINDS, checked."""
-        _known_kinds("host_ms", self.host_ms)
-        out = {}
-        for kind in COST_KINDS:
-            ms = self.host_ms.get(kind, self.host_ms.get("all_reduce", 0.0) if kind == ORDERED_ALL_REDUCE else 0.0)
-            _check_number(f"{kind} host_ms", ms, allow_zero=True)
-            out[kind] = ms * 1e-3
-        return out
+        return _per_kind("host_ms", self.host_ms, 1e-3)
+
+    def host_costs_per_byte(self) -> Dict[str, float]:
+        """{kind: seconds of host CPU per byte of a collective's buffer} for
+        every kind of COST_KINDS, checked."""
+        return _per_kind("host_ms_per_mib", self.host_ms_per_mib, 1e-3 / MIB)
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)} for every kind of COST_KINDS"""
@@ -150,7 +171,7 @@ class Network:
 @dataclasses.dataclass
 class Prediction:
     iteration_ms: float
-    """Steady state: from the start of the last iteration's forward to the start of the next."""
+    """Steady state: the longer of ``timeline_ms`` and ``cpu_ms``."""
     ops: List[Dict]
     """Every collective: kind, bucket, iteration, issued/start/end/wait_begin/wait_end in ms."""
     spans: List[Dict]
@@ -159,6 +180,12 @@ class Prediction:
     """The executor's state changes (what the real engine's take_records() gives)."""
     layout: object
     """The bucket layout (dearcomm._C.BucketLayout) the run used."""
+    timeline_ms: float = 0.0
+    """From the start of the last iteration's forward to the start of the next, on the simulated device."""
+    cpu_ms: float = 0.0
+    """The host CPU that iteration needs: its compute work (as alone) and its
+    collectives' CPU (Network.host_ms and host_ms_per_mib, comm_slowdown
+    times). Where it is the longer, the ranks' cores bound the iteration."""
 
     def buckets(self, iteration: Optional[int] = None) -> List[Dict]:
         """Per bucket, the start and end (ms) of its reduction and of its
@@ -265,14 +292,16 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
-                      pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs())
+                      pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
+                      network.host_costs_per_byte())
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:
         return {(k[:-2] + "_ms" if k.endswith("_s") else k): (v * ms if k.endswith("_s") and v >= 0 else v)
                 for k, v in d.items()}
     return Prediction(iteration_ms=raw["iteration_s"] * ms, ops=[in_ms(op) for op in raw["ops"]],
-                      spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout)
+                      spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout,
+                      timeline_ms=raw["timeline_s"] * ms, cpu_ms=raw["cpu_s"] * ms)
 
 
 def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, float, float, List[int]]],

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dearcomm.host_cost import cores_share, fit_host_ms
+from dearcomm.host_cost import cores_share, fit_host_cpu, fit_host_ms
 
 MIB = 1 << 20
 
@@ -31,6 +31,18 @@ def test_the_fit_recovers_it_from_layouts_of_the_same_bytes_in_more_collectives(
     assert fit_host_ms(samples, share=1.0) == {"all_reduce": pytest.approx(1.2)}
     # Noise that would make the CPU per collective negative charges nothing.
     assert fit_host_ms({"all_reduce": [(2, total, 5.0), (20, total, 4.0)]}, share=1.0) == {"all_reduce": 0.0}
+
+
+def test_the_same_fit_gives_the_cpu_per_mib_of_either_shape():
+    sizes = (MIB // 4, 2 * MIB, 16 * MIB)
+    per_call, per_mib = fit_host_cpu({"all_reduce": [(1, b, 0.3 + 0.05 * b / MIB) for b in sizes],
+                                      "all_gather": [(n, 3 * MIB, 1.2 * n + 0.4 * 3) for n in (2, 15, 20)]},
+                                     share=2.0)
+    assert per_call == {"all_reduce": pytest.approx(0.6), "all_gather": pytest.approx(2.4)}
+    assert per_mib == {"all_reduce": pytest.approx(0.1), "all_gather": pytest.approx(0.8)}
+    # Neither term where the samples cannot separate them; nothing on cores the compute leaves free.
+    assert fit_host_cpu({"all_reduce": [(1, MIB, 2.0)]}, share=1.0) == ({"all_reduce": 0.0}, {"all_reduce": 0.0})
+    assert fit_host_cpu({"all_reduce": [(1, b, 1.0 + b / MIB) for b in sizes]}, share=0.0)[1] == {"all_reduce": 0.0}
 
 
 def test_what_cannot_separate_the_two_terms_charges_nothing():
@@ -92,30 +104,42 @@ def test_the_probe_s_host_cost_is_the_short_value_of_calls_that_take_one_of_two(
 
 
 def _probe_worker(rank, world_size):
-    """The probe on a real gloo group, each rank's 16 KiB calls made to read
-    a CPU time of its own: every rank gets rank 0's, times the cores' share."""
+    """The probe on a real gloo group, each rank's calls made to read a CPU
+    time of its own, (rank + 1)·k ms per call and 0.1 of that per MiB (kind
+    k of COST_KINDS, from 1): every rank gets rank 0's per-call cost (of its
+    16 KiB calls) and per-MiB cost (the slope over every size), times the
+    cores' share."""
     from dearcomm import network_probe
     from dearcomm.prediction import COST_KINDS
 
     timed = network_probe._timed
 
     def rank_tagged(kind, full, shard, *args, **kwargs):
-        wall, cpu = timed(kind, full, shard, *args, **kwargs)
-        small = full.numel() * 4 <= network_probe.HOST_BYTES
-        return wall, (1000.0 * (rank + 1) * (1 + COST_KINDS.index(kind)) if small else cpu)
+        wall, _ = timed(kind, full, shard, *args, **kwargs)
+        ms = (rank + 1) * (1 + COST_KINDS.index(kind))
+        return wall, 1000.0 * ms * (1 + 0.1 * full.numel() * 4 / 2**20)
     network_probe._timed = rank_tagged
     network = network_probe.probe_network(None, torch.device("cpu")).network
-    return network.host_ms, cores_share(torch.device("cpu")), network.per_kind
+    return network.host_ms, cores_share(torch.device("cpu")), network.per_kind, network.host_ms_per_mib
+
+
+def network_probe_host_mib() -> float:
+    """MiB of the probe's small call (HOST_BYTES, rounded to the ranks)."""
+    from dearcomm.network_probe import HOST_BYTES, _buffers
+    return _buffers(HOST_BYTES, 2, torch.device("cpu"))[0].numel() * 4 / MIB
 
 
 def test_the_probe_charges_rank_0s_cpu_of_a_small_call_on_every_rank():
     from tests.multiprocess import run_workers
 
     results = run_workers(_probe_worker, 2, deadline=120)
-    (host_ms, share, per_kind), (other, _, other_per_kind) = results
-    assert host_ms == other, "every rank holds rank 0's host cost"
-    assert host_ms == pytest.approx({"reduce_scatter": 1.0 * share, "all_gather": 2.0 * share,
-                                     "all_reduce": 3.0 * share, "ordered_all_reduce": 4.0 * share})
+    (host_ms, share, per_kind, per_mib), (other, _, other_per_kind, other_per_mib) = results
+    assert host_ms == other and per_mib == other_per_mib, "every rank holds rank 0's host cost"
+    small = 1 + 0.1 * network_probe_host_mib()
+    assert host_ms == pytest.approx({"reduce_scatter": 1.0 * small * share, "all_gather": 2.0 * small * share,
+                                     "all_reduce": 3.0 * small * share, "ordered_all_reduce": 4.0 * small * share})
+    assert per_mib == pytest.approx({"reduce_scatter": 0.1 * share, "all_gather": 0.2 * share,
+                                     "all_reduce": 0.3 * share, "ordered_all_reduce": 0.4 * share})
     # On a CPU the ordered all-reduce (deft's) is a collective of its own, fitted beside the three.
     assert per_kind == other_per_kind and set(per_kind) == {"reduce_scatter", "all_gather", "all_reduce",
                                                             "ordered_all_reduce"}

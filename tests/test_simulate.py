@@ -241,6 +241,29 @@ def test_hand_computed_timeline_with_each_collective_s_host_cost():
                              iterations=1).iteration_ms == pytest.approx(13.0)
 
 
+def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline():
+    """Network.host_ms_per_mib: each all-reduce of a 1 MiB bucket takes 4 ms
+    of host CPU, and 2x that beside compute (comm_slowdown); with 0.5 ms per
+    call, three per iteration: cpu = compute (3 + 6 + 2) + 3·2·(0.5 + 4)."""
+    mib_profile = [ModuleProfile(f"m{i}", 1.0, 2.0, [MIB // 4]) for i in range(3)]
+    fast = Network(alpha_us=0.0, gbit_s=math.inf, host_ms={"all_reduce": 0.5}, host_ms_per_mib={"all_reduce": 4.0},
+                   comm_slowdown=2.0)
+    p = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, network=fast, step_ms=2.0, bucket_mb=0)
+    # The timeline: 11 ms of compute and three host costs paid before the next compute (none waits).
+    assert p.timeline_ms == pytest.approx(11.0 + 3 * 0.5)
+    assert p.cpu_ms == pytest.approx(11.0 + 3 * 2 * (0.5 + 4.0))
+    assert p.iteration_ms == pytest.approx(p.cpu_ms)
+    # Where the link exposes its all-reduces the timeline is the longer: the bound leaves it alone.
+    slow = dataclasses.replace(fast, gbit_s=NETWORK.gbit_s / 16)
+    plain = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, network=slow, step_ms=2.0, bucket_mb=0)
+    assert plain.cpu_ms == pytest.approx(p.cpu_ms)
+    assert plain.iteration_ms == pytest.approx(plain.timeline_ms) and plain.timeline_ms > plain.cpu_ms
+    # A sharded update counts its shard of the step, and the all-gathers' CPU: 0.5 ms per MiB each.
+    dear = dearcomm.simulate(mib_profile, schedule="dear", world_size=2, network=dataclasses.replace(
+        fast, host_ms={}, host_ms_per_mib={"reduce_scatter": 1.0, "all_gather": 0.5}), step_ms=2.0, bucket_mb=0)
+    assert dear.cpu_ms == pytest.approx(3 + 6 + 1.0 + 3 * 2 * (1.0 + 0.5))
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
@@ -296,6 +319,12 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"ordered_all_reduce": math.inf})), ValueError,
      "ordered_all_reduce host_ms must be"),
     (dict(iterations=0), ValueError, "iterations must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"broadcast": 1.0})), ValueError,
+     "host_ms_per_mib names"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"reduce_scatter": -0.5})), ValueError,
+     "reduce_scatter host_ms_per_mib must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"all_reduce": math.inf})), ValueError,
+     "all_reduce host_ms_per_mib must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0})), ValueError, "host_ms names"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0})), ValueError,
      "all_reduce host_ms must be"),

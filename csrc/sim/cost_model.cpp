@@ -14,6 +14,9 @@ void check(const char* kind, const AlphaBeta& ab) {
                       " got alpha ", ab.alpha_s, " s and beta ", ab.seconds_per_byte, " s/byte");
   DEARCOMM_CORE_CHECK(std::isfinite(ab.host_s) && ab.host_s >= 0, std::invalid_argument, "dearcomm: the host cost of ",
                       kind, " must be finite and >= 0, got ", ab.host_s, " s per collective");
+  DEARCOMM_CORE_CHECK(std::isfinite(ab.host_s_per_byte) && ab.host_s_per_byte >= 0, std::invalid_argument,
+                      "dearcomm: the host cost per byte of ", kind, " must be finite and >= 0, got ",
+                      ab.host_s_per_byte, " s per byte");
 }
 }  // namespace
 

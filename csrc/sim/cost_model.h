@@ -13,6 +13,12 @@
 // the cores the compute runs on: a fixed cost per collective that the
 // bandwidth terms and compute_slowdown (measured on large collectives) leave
 // out, and which many small collectives add up (0 on a GPU).
+// `host_s_per_byte` of a kind: the host CPU each byte of its buffer takes
+// (gloo's summing and copies), in the same compute-stream seconds. It does
+// not stretch the timeline (compute_slowdown carries that beside the
+// collectives); it bounds it: an iteration takes at least its compute work
+// plus its collectives' CPU, comm_slowdown times what they take alone, where
+// the ranks fill the cores (Result::cpu_s).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
@@ -34,6 +40,7 @@ struct AlphaBeta {
   double alpha_s = 0.0;           // per step of the ring
   double seconds_per_byte = 0.0;  // β: 1 / bandwidth
   double host_s = 0.0;            // the host's per-collective cost, taken from compute
+  double host_s_per_byte = 0.0;   // the host's CPU per byte of the buffer (bounds the iteration)
 };
 
 class CostModel {
@@ -45,6 +52,12 @@ class CostModel {
   double seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const;
   double host_seconds(Collective kind, bool in_issue_order = false) const {
     return of(kind, in_issue_order).host_s;
+  }
+  // The host CPU a collective of `bytes` takes beside compute: its fixed
+  // and per-byte cost, comm_slowdown() times what it takes alone.
+  double host_cpu_seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const {
+    const AlphaBeta& ab = of(kind, in_issue_order);
+    return comm_slowdown_ * (ab.host_s + ab.host_s_per_byte * static_cast<double>(bytes));
   }
   double compute_slowdown() const { return compute_slowdown_; }
   double comm_slowdown() const { return comm_slowdown_; }

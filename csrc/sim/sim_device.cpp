@@ -67,7 +67,13 @@ void SimDevice::advance(double dt, double comm_rate) {
   now_ += dt;
 }
 
+double SimDevice::cpu_seconds(int64_t iteration) const {
+  const auto it = cpu_s_.find(iteration);
+  return it == cpu_s_.end() ? 0.0 : it->second;
+}
+
 void SimDevice::compute(const std::string& name, double seconds) {
+  cpu_s_[iteration_] += seconds;
   if (host_owed_s_ > 0) {
     const double owed = host_owed_s_;
     host_owed_s_ = 0.0;
@@ -125,6 +131,7 @@ void SimDevice::issue(const Op& op) {
   in_flight_[key] = SimOp{op.kind, op.bucket, op.slot, iteration_, now_, -1.0, -1.0};
   channel_.push_back({key, op.kind, cost_.seconds(op.kind, layout_.buckets.at(op.bucket).bytes, in_issue_order_)});
   host_owed_s_ += cost_.host_seconds(op.kind, in_issue_order_);
+  cpu_s_[iteration_] += cost_.host_cpu_seconds(op.kind, layout_.buckets.at(op.bucket).bytes, in_issue_order_);
   if (channel_.size() <= running()) {  // runs at once
     in_flight_[key].start_s = now_;
     if (channel_.size() == 1 && channel_.back().left <= 0) {  // costs nothing (α = β = 0) on an idle channel

@@ -67,6 +67,9 @@ class SimDevice final : public core::Device {
   void set_iteration(int64_t iteration) { iteration_ = iteration; }
   const std::vector<SimOp>& ops() const { return ops_; }
   const std::vector<Span>& spans() const { return spans_; }
+  // The host CPU `iteration` took: its compute work (as on an idle machine)
+  // and its collectives' CPU (CostModel::host_cpu_seconds, counted at issue).
+  double cpu_seconds(int64_t iteration) const;
 
   std::vector<int64_t> begin_backward() override;
   void accept_grad(int64_t /*param*/) override {}
@@ -106,6 +109,7 @@ class SimDevice final : public core::Device {
   // `seconds` of compute work on the stream, as compute() describes it.
   void run(const std::string& name, double seconds);
 
+  std::map<int64_t, double> cpu_s_;  // per iteration, what cpu_seconds() gives
   double host_owed_s_ = 0.0;  // host cost of collectives issued, not yet paid by compute or idle time
   double now_ = 0.0;  // the compute stream, and the channel's time: both advance together
   std::deque<Queued> channel_;

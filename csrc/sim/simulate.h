@@ -25,8 +25,13 @@ namespace dearcomm::sim {
 
 struct Result {
   // Steady state: from the start of the last iteration's forward to the start
-  // of the forward after it.
+  // of the forward after it (timeline_s), or the host CPU that iteration
+  // needs (cpu_s) where that is longer: where the ranks fill the cores, the
+  // iteration cannot take less time than its compute work and its
+  // collectives' CPU together (0 per byte where collectives run elsewhere).
   double iteration_s = 0.0;
+  double timeline_s = 0.0;
+  double cpu_s = 0.0;
   std::vector<double> iteration_starts_s;  // one per iteration, and one for the final forward
   std::vector<SimOp> ops;                  // every collective, in the order waited for
   std::vector<Span> spans;                 // compute, in order
