@@ -413,13 +413,15 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     # run made the CPU backend order them (deft asks for it itself), and then
     # they are the ordered ones; DEARCOMM_CPU_ORDERED=0 leaves deft's to gloo.
     lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
-    if ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=1" in name:
-        per_kind["all_reduce"] = per_kind[ORDERED_ALL_REDUCE]
-    elif ORDERED_ALL_REDUCE in per_kind and "DEARCOMM_CPU_ORDERED=0" in name:
-        per_kind[ORDERED_ALL_REDUCE] = per_kind["all_reduce"]
+    host_ms, host_ms_per_mib = dict(host_ms or {}), dict(host_ms_per_mib or {})
+    for costs in (per_kind, host_ms, host_ms_per_mib):  # the all-reduce the run's backend ran, in every figure
+        if ORDERED_ALL_REDUCE in costs and "all_reduce" in costs and "DEARCOMM_CPU_ORDERED=1" in name:
+            costs["all_reduce"] = costs[ORDERED_ALL_REDUCE]
+        elif ORDERED_ALL_REDUCE in costs and "all_reduce" in costs and "DEARCOMM_CPU_ORDERED=0" in name:
+            costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
-                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms or {},
-                               host_ms_per_mib=host_ms_per_mib or {})
+                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms,
+                               host_ms_per_mib=host_ms_per_mib)
     extra = {}
     if planned is not None and schedule in PLANNED_SCHEDULES:
         bucket_mb = planned.get("bucket_mb", bucket_mb)
@@ -797,7 +799,7 @@ def main():
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
-                          predicted_cpu_ms=predictions[name].cpu_ms,  # the host CPU bound (rank 0's)
+                          predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
                           softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
                           minor_faults=slowest(statistics.median(faults[name])),
@@ -838,7 +840,7 @@ def main():
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
-              + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
+              + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
               f"x {share:.2f}, the ranks over the cores; the iteration takes at least the compute and "
               f"{comm_slowdown:.2f}x that CPU)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")

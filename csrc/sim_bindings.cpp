@@ -40,9 +40,9 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                   const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
                   double average_s_per_byte, const PerKind& host_s, const PerKind& host_s_per_byte) {
-  for (const PerKind* by_kind : {&host_s, &host_s_per_byte}) {
+  for (const auto& [field, by_kind] : {std::pair{"host_s", &host_s}, std::pair{"host_s_per_byte", &host_s_per_byte}}) {
     for (const auto& entry : *by_kind) {
-      TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: a host cost for unknown collective '", entry.first,
+      TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: ", field, " names unknown collective '", entry.first,
                         "'");
     }
   }

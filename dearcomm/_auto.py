@@ -316,9 +316,9 @@ class AutoPlan:
                 f"{self.network.compute_slowdown:.2f}x slower beside collectives, collectives "
                 f"{self.network.comm_slowdown:.2f}x slower beside compute; each collective costs compute "
                 + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in KINDS)
-                + " ms and per MiB "
+                + " ms (reduce-scatter/all-gather/all-reduce), and the host CPU "
                 + "/".join(f"{self.network.host_ms_per_mib.get(k, 0.0):.3f}" for k in KINDS)
-                + " ms (reduce-scatter/all-gather/all-reduce))" + trials)
+                + " ms per MiB more, a bound on the iteration)" + trials)
 
 
 def _describe(options: Dict[str, Any]) -> str:

@@ -36,9 +36,16 @@ class Candidate:
     options: Dict[str, object]
     """wrap() keyword arguments."""
     predicted_ms: float
+    timeline_ms: Optional[float] = None
+    """The simulated timeline alone (Prediction.timeline_ms): where the host
+    CPU bounds several candidates alike, the shorter timeline ranks first."""
 
     def __str__(self) -> str:
         return " ".join(f"{k}={self.options[k]}" for k in _OPTION_ORDER if self.options.get(k) is not None)
+
+
+def _candidate(options: Dict[str, object], prediction) -> Candidate:
+    return Candidate(options, prediction.iteration_ms, prediction.timeline_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +129,11 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
                   bucket_layout(modules, world_size=world_size, **options).describe())
         if layout not in layouts:
             layouts.add(layout)
-            seen[key] = Candidate(options, simulate(profile, **options, **run).iteration_ms)
+            seen[key] = _candidate(options, simulate(profile, **options, **run))
     defaults = dict(DEFAULT_OPTIONS)
     default = seen.get(tuple(defaults[k] for k in _OPTION_ORDER))  # the grid's first entry when dear is searched
     if default is None:
-        default = Candidate(defaults, simulate(profile, **defaults, **run).iteration_ms)
-    ordered = sorted(seen.values(), key=lambda c: c.predicted_ms)  # stable: ties keep grid order
+        default = _candidate(defaults, simulate(profile, **defaults, **run))
+    # stable: ties keep grid order
+    ordered = sorted(seen.values(), key=lambda c: (c.predicted_ms, c.timeline_ms or c.predicted_ms))
     return Plan(best=ordered[0], default=default, candidates=ordered)

@@ -112,9 +112,10 @@ class Network:
     which many small ones add up and compute_slowdown (measured beside large
     ones) leaves out. The simulated device owes it to the compute stream from
     the collective's issue and pays it at its next compute, unless a wait
-    leaves the stream idle long enough. 0 where the collectives run elsewhere
-    (a GPU); dearcomm.network_probe measures it on a CPU ("ordered_all_reduce":
-    the "all_reduce"'s unless given).
+    leaves the stream idle long enough; it also counts in the bound below. 0
+    where the collectives run elsewhere (a GPU); dearcomm.network_probe
+    measures it on a CPU ("ordered_all_reduce": the "all_reduce"'s unless
+    given).
     ``host_ms_per_mib``: {kind: ms} of host CPU per MiB of a collective's
     buffer (gloo's summing and copies), in the compute-stream milliseconds of
     ``host_ms``. It does not stretch the timeline (compute_slowdown carries
@@ -122,7 +123,8 @@ class Network:
     ranks fill the cores, an iteration takes at least its compute work plus
     its collectives' CPU, comm_slowdown times what they take alone
     (Prediction.cpu_ms). 0 where collectives run elsewhere (a GPU) or on
-    cores the compute leaves free."""
+    cores the compute leaves free ("ordered_all_reduce": the "all_reduce"'s
+    unless given)."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)

@@ -27,6 +27,21 @@ def test_the_choice_is_the_fastest_candidate_and_its_prediction_holds():
     assert str(p).startswith(f"dearcomm plan: schedule={p.options['schedule']}")
 
 
+def test_where_the_host_cpu_bounds_every_candidate_alike_the_shorter_timeline_ranks_first():
+    # 8 ms of host CPU per MiB of every all-reduce: 224 ms over the model's 28 MiB, past every timeline.
+    cpu_bound = Network(alpha_us=50, gbit_s=2, host_ms_per_mib={"all_reduce": 8.0})
+    # Grid order puts 25 MiB first; its timeline is the longer.
+    p = dearcomm.plan(PROFILE, world_size=4, network=cpu_bound, step_ms=5.0, schedules=["wfbp"],
+                      bucket_mb=[25.0, 1.0], partition_mb=[None], credit_mb=[None])
+    assert len(p.candidates) == 2 and p.candidates[0].predicted_ms == pytest.approx(p.candidates[1].predicted_ms)
+    assert p.candidates[0].timeline_ms < p.candidates[1].timeline_ms < p.candidates[0].predicted_ms
+    # Without the bound the same order, by the timelines alone.
+    plain = dearcomm.plan(PROFILE, world_size=4, network=SLOW, step_ms=5.0, schedules=["wfbp"],
+                          bucket_mb=[25.0, 1.0], partition_mb=[None], credit_mb=[None])
+    assert [c.options for c in plain.candidates] == [c.options for c in p.candidates]
+    assert p.best.options["bucket_mb"] == 1.0
+
+
 def test_every_registered_schedule_and_update_is_searched():
     p = dearcomm.plan(PROFILE, world_size=4, network=SLOW)
     searched = {(c.options["schedule"], c.options["update"]) for c in p.candidates}

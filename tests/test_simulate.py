@@ -262,6 +262,12 @@ def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline(
     dear = dearcomm.simulate(mib_profile, schedule="dear", world_size=2, network=dataclasses.replace(
         fast, host_ms={}, host_ms_per_mib={"reduce_scatter": 1.0, "all_gather": 0.5}), step_ms=2.0, bucket_mb=0)
     assert dear.cpu_ms == pytest.approx(3 + 6 + 1.0 + 3 * 2 * (1.0 + 0.5))
+    # A replicated update runs before each forward from the second iteration on: the steady
+    # iteration's bound counts it (2 ms over the three), the first iteration's would not.
+    replicated = dearcomm.simulate(mib_profile, schedule="dear", update="replicated", world_size=2,
+                                   network=dataclasses.replace(fast, host_ms={}, host_ms_per_mib={
+                                       "reduce_scatter": 1.0, "all_gather": 0.5}), step_ms=2.0, bucket_mb=0)
+    assert replicated.cpu_ms == pytest.approx(3 + 2.0 + 6 + 3 * 2 * (1.0 + 0.5))
 
 
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
