@@ -54,3 +54,20 @@ def test_the_replay_applies_the_current_rule_to_a_stored_auto_run():
     assert auto_replay.replayed(dict(run, auto_confirmations=[])) is None
     # Confirmations of another set of contenders (one, from older files): not replayed.
     assert auto_replay.replayed(dict(run, auto_confirmations=[[0, 433.0], [1, 491.6]] * 3)) is None
+
+
+def test_every_kappa_estimator_recovers_a_slowdown_the_rounds_share():
+    """kappa_estimators.py on synthetic rounds: compute of 0.1 s slowed 1.5x
+    wherever a collective covers it, in rounds of different coverage."""
+    import kappa_estimators
+
+    def wall(covered, kappa=1.5, work=0.1):
+        return work / ((1 - covered) + covered / kappa)
+    rounds = [dict(compute_slowdown=1.5, alone_s=[0.1, 0.1, 0.1], beside=[[wall(c), c] for c in cover])
+              for cover in ((1.0, 1.0, 0.6), (0.8, 1.0), (1.0, 0.3))]
+    got = kappa_estimators.estimators(rounds)
+    assert set(got) == {"median of rounds", "pooled median", "pooled ratio", "mean of rounds"}
+    assert all(k == pytest.approx(1.5) for k in got.values()), got
+    # An iteration that covered less than half its time counts in none.
+    mixed = [dict(alone_s=[0.1], beside=[[wall(0.3, kappa=9.0), 0.3], [wall(1.0), 1.0]])]
+    assert kappa_estimators.pooled_ratio(mixed) == pytest.approx(1.5)
