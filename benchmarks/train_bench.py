@@ -414,11 +414,13 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     # they are the ordered ones; DEARCOMM_CPU_ORDERED=0 leaves deft's to gloo.
     lanes = 1 if "DEARCOMM_CPU_ORDERED=1" in name else GLOO_DEFAULT_THREADS
     host_ms, host_ms_per_mib = dict(host_ms or {}), dict(host_ms_per_mib or {})
+    ordered, plain = "DEARCOMM_CPU_ORDERED=1" in name, "DEARCOMM_CPU_ORDERED=0" in name
     for costs in (per_kind, host_ms, host_ms_per_mib):  # the all-reduce the run's backend ran, in every figure
-        if ORDERED_ALL_REDUCE in costs and "all_reduce" in costs and "DEARCOMM_CPU_ORDERED=1" in name:
-            costs["all_reduce"] = costs[ORDERED_ALL_REDUCE]
-        elif ORDERED_ALL_REDUCE in costs and "all_reduce" in costs and "DEARCOMM_CPU_ORDERED=0" in name:
-            costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
+        if ORDERED_ALL_REDUCE in costs and "all_reduce" in costs:
+            if ordered:
+                costs["all_reduce"] = costs[ORDERED_ALL_REDUCE]
+            elif plain:
+                costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms,
                                host_ms_per_mib=host_ms_per_mib)
