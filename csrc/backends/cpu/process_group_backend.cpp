@@ -174,6 +174,19 @@ int ordered_override() {
   return value == nullptr ? -1 : std::string(value) == "0" ? 0 : 1;
 }
 
+// out = the sum of the ranks' copies of one chunk: `own`, this rank's, and
+// row j of `rows`, rank j's (row `rank` is free for `own`). With two ranks one
+// add, own + other: the same sum in either rank's order (float addition
+// commutes), without first copying `own` into its row. `out` may be `own`.
+void sum_with_own(at::Tensor out, const at::Tensor& own, const at::Tensor& rows, int64_t rank) {
+  if (rows.size(0) == 2) {
+    at::add_out(out, own, rows[1 - rank]);
+    return;
+  }
+  rows[rank].copy_(own);
+  at::sum_out(out, rows, /*dim=*/{0});
+}
+
 }  // namespace
 
 ProcessGroupBackend::ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group)
@@ -258,10 +271,9 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at:
   }
   auto posting = exchange(outgoing, incoming);
   const int64_t r = rank();
-  at::Tensor own = outgoing[r], own_slot = incoming[r], received = scratch.view({p, shard}), out = output;
-  return std::make_unique<WorkHandle>(std::move(posting), "reduce-scatter", [own, own_slot, received, out]() mutable {
-    own_slot.copy_(own);
-    at::sum_out(out, received, /*dim=*/{0});
+  at::Tensor own = outgoing[r], received = scratch.view({p, shard}), out = output;
+  return std::make_unique<WorkHandle>(std::move(posting), "reduce-scatter", [own, received, out, r]() mutable {
+    sum_with_own(out, own, received, r);
   });
 }
 
@@ -347,8 +359,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
           work->wait();  // the group's timeout; the training thread's wait has its own
         }
         at::Tensor own = chunks[r].narrow(0, offset, length);
-        received[r].narrow(0, offset, length).copy_(own);
-        at::sum_out(own, summands.narrow(1, offset, length), /*dim=*/{0});
+        sum_with_own(own, own, summands.narrow(1, offset, length), r);
         for (int j = 0; j < p; ++j) {
           if (j != r) {
             rest.push_back(send(own, j, gather_tag + k));
