@@ -71,3 +71,45 @@ def test_every_kappa_estimator_recovers_a_slowdown_the_rounds_share():
     # An iteration that covered less than half its time counts in none.
     mixed = [dict(alone_s=[0.1], beside=[[wall(0.3, kappa=9.0), 0.3], [wall(1.0), 1.0]])]
     assert kappa_estimators.pooled_ratio(mixed) == pytest.approx(1.5)
+
+
+def test_the_noise_report_measures_what_it_is_given(tmp_path):
+    """prediction_noise.py on synthetic rows: every iteration 1.05x its CPU;
+    runs timed twice 2% apart either way; the profile's compute 3% over and
+    under DDP's on-CPU compute around each model's own ratio."""
+    import json
+    import math
+
+    import prediction_noise
+
+    def row(model, profile_ratio, again, predicted):
+        runs = {"ddp": dict(median_ms=105.0, cpu_ms=100.0, predicted_ms=100.0,
+                            phases_ms={"forward": 30.0, "backward": 60.0, "backward off-CPU": 10.0, "step": 20.0}),
+                "wfbp": dict(median_ms=105.0, cpu_ms=100.0, predicted_ms=predicted, predicted_cpu_ms=110.0),
+                "wfbp/again": dict(median_ms=105.0 * again, cpu_ms=100.0 * again)}
+        profile = dict(forward_ms=30.0 * profile_ratio, backward_ms=50.0 * profile_ratio, step_ms=20.0 * profile_ratio)
+        path = tmp_path / f"{model}-{profile_ratio}-{again}.json"
+        path.write_text(json.dumps(dict(model=model, runs=runs, profile=profile)))
+        return path
+
+    paths = [row("mlp", 1.03, 1.02, 100.0), row("mlp", 1.03 ** -1, 1.02 ** -1, 120.0),
+             row("gpt", 1.2 * 1.03, 1.02, 100.0), row("gpt", 1.2 / 1.03, 1.02 ** -1, 100.0)]
+    rows = prediction_noise.load(paths)
+    per_row, ratio = prediction_noise.cpu_following(rows)
+    assert ratio == pytest.approx(1.05)
+    assert all(r == pytest.approx(1.05) for ratios in per_row.values() for r in ratios.values())
+
+    again, ddp_wfbp = prediction_noise.pairs(rows)
+    assert sorted(again) == pytest.approx(sorted([math.log(1.02), -math.log(1.02)] * 2))
+    assert ddp_wfbp == pytest.approx([0.0] * 4)
+    by_model = prediction_noise.profile_against_training(rows)
+    assert sorted(by_model) == ["gpt", "mlp"]
+    # Each model's own ratio (1.0 and 1.2) is taken out: what is left is the 3% either way.
+    assert prediction_noise.within_model_sd(by_model) == pytest.approx(math.log(1.03) * math.sqrt(2))
+
+    # ddp is a control, not a candidate: one run per row; the second row's wfbp is 14.3% off.
+    assert prediction_noise.observed_scores(rows) == ([1, 1, 1, 1], 3, 3)
+    assert prediction_noise.exact_model_scores([10, 10], 0.0, 0.0) == (20.0, 2.0)
+    runs, rows_met = prediction_noise.exact_model_scores([10, 10], 0.5, 0.0)
+    assert runs < 10 and rows_met < 0.5
+    assert prediction_noise.cpu_predicted(rows)[paths[0]] == {"wfbp": pytest.approx(0.10)}
