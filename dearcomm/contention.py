@@ -133,16 +133,18 @@ def _timed(compute: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def _alone(compute: Callable[[], None], lockstep: Lockstep, iters: int) -> list:
+def _alone(compute: Callable[[], None], lockstep: Lockstep, iters: int, cpu: list) -> list:
     """``iters`` compute iterations timed alone, every rank starting each one
     together, as in training: where ranks share cores (4 ranks on 2), one
     that ran ahead would time its iteration beside fewer busy ranks (a wide
-    MLP read 46 to 132 ms). A last meeting: a rank whose last iteration
-    failed tells the others there."""
+    MLP read 46 to 132 ms). Appends each one's CPU (this thread's) to `cpu`.
+    A last meeting: a rank whose last iteration failed tells the others there."""
     times = []
     for _ in range(iters):
         lockstep.meet()
+        start = time.thread_time()
         times.append(_timed(compute))
+        cpu.append(time.thread_time() - start)
     lockstep.meet()
     return times
 
@@ -163,6 +165,13 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     waiting for it. Returns the timings (seconds) and both factors fitted
     (compute_slowdown κ, comm_slowdown λ); NotFitted where this rank's
     timings fit no factor, once every rank is done with the collectives.
+    Also the CPU each part took (seconds): each compute iteration alone
+    (``alone_cpu_s``, its thread's), each all-reduce alone
+    (``comm_alone_cpu_s``, the process's), and over the time they ran beside
+    each other the compute's thread (``beside_compute_cpu_s``, over
+    ``beside_compute_wall_s`` of compute) and every other thread of the
+    process (``beside_comm_cpu_s``, ``beside_comm_count`` all-reduces; with
+    more than one intra-op thread, torch's pool counts there too).
 
     ``iters`` compute iterations are timed alone before the collectives and
     as many after, and κ's fit takes the median of both: a model's first
@@ -197,8 +206,12 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
 
     for _ in range(2):
         compute()
-    alone = _alone(compute, lockstep, iters)
-    comm_alone = [_timed(lambda: _C.all_reduce(backend, buffer).wait()) for _ in range(3)]
+    alone_cpu, comm_alone, comm_alone_cpu = [], [], []
+    alone = _alone(compute, lockstep, iters, alone_cpu)
+    for _ in range(3):
+        start = time.process_time()  # every thread: the backend's do the work
+        comm_alone.append(_timed(lambda: _C.all_reduce(backend, buffer).wait()))
+        comm_alone_cpu.append(time.process_time() - start)
     # Enough all-reduces to outlast the compute iterations on the slowest
     # rank; every rank runs the same count (same collectives, same order).
     needed = torch.tensor([iters * statistics.median(alone) / statistics.median(comm_alone) + 2])
@@ -214,6 +227,7 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
 
     thread = threading.Thread(target=all_reduces)
     lockstep.meet()
+    process_cpu, compute_cpu = time.process_time(), time.thread_time()
     thread.start()
     spans = []
     try:
@@ -223,7 +237,15 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
             spans.append((start, time.perf_counter()))
     finally:  # the other ranks' threads run as many all-reduces: this one must too
         thread.join()
-    alone += _alone(compute, lockstep, iters)
+    compute_cpu = time.thread_time() - compute_cpu
+    process_cpu = time.process_time() - process_cpu
+    alone += _alone(compute, lockstep, iters, alone_cpu)
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
-    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside)
+    # CPU, not fitted into any factor: what the compute and the collectives
+    # each take of the cores alone and beside each other (the CPU bound's
+    # inputs, for offline comparison).
+    return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
+                alone_cpu_s=alone_cpu, comm_alone_cpu_s=comm_alone_cpu,
+                beside_compute_cpu_s=compute_cpu, beside_comm_cpu_s=process_cpu - compute_cpu,
+                beside_compute_wall_s=sum(end - start for start, end in spans), beside_comm_count=len(busy))

@@ -154,3 +154,33 @@ def test_a_rank_whose_compute_fails_fails_every_rank_without_a_hang(call):
     assert rank1 == f"RuntimeError: rank 1's compute broke at call {call}"
     assert rank0 == (f"PeerFailed: dearcomm: measure_contention() failed on rank 1: RuntimeError: rank 1's "
                      f"compute broke at call {call}")
+
+
+def _cpu_of_each_part(rank, world_size):
+    """measure_contention on a compute that keeps its thread busy ~20 ms."""
+    import time
+
+    import torch
+
+    from dearcomm.contention import measure_contention
+
+    torch.set_num_threads(1)  # the compute's CPU is then its thread's
+
+    def compute():
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+
+    return measure_contention(compute, nbytes=1 << 20, iters=3)
+
+
+def test_the_cpu_of_compute_and_of_the_collectives_is_recorded_apart():
+    for m in run_workers(_cpu_of_each_part, 2, deadline=120):
+        assert len(m["alone_cpu_s"]) == 6 and len(m["comm_alone_cpu_s"]) == 3
+        assert all(0.018 < c < 0.05 for c in m["alone_cpu_s"]), m["alone_cpu_s"]
+        # The compute's thread ran its loop the whole time beside the collectives, at most one core of it.
+        assert 0 < m["beside_compute_cpu_s"] <= m["beside_compute_wall_s"] + 0.005
+        assert m["beside_compute_cpu_s"] >= 0.018 * len(m["beside"])
+        assert m["beside_comm_count"] >= 2
+        # The all-reduces' CPU is the backend's threads', not the compute's.
+        assert m["beside_comm_cpu_s"] > 0 and all(c > 0 for c in m["comm_alone_cpu_s"])
