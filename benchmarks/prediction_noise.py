@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prediction_summary import is_candidate, resimulate  # noqa: E402
+from prediction_summary import is_candidate, repeats, resimulate  # noqa: E402
 
 WITHIN = 0.10
 DRAWS = 20000
@@ -76,10 +76,7 @@ def pairs(rows):
     again, ddp_wfbp = [], []
     for _, data in rows:
         runs = data["runs"]
-        for name, run in runs.items():
-            first = runs.get(name.removesuffix("/again"))
-            if name.endswith("/again") and first and run.get("median_ms") and first.get("median_ms"):
-                again.append(math.log(run["median_ms"] / first["median_ms"]))
+        again += [math.log1p(x) for x in repeats(runs).values()]
         if runs.get("ddp", {}).get("median_ms") and runs.get("wfbp", {}).get("median_ms"):
             ddp_wfbp.append(math.log(runs["wfbp"]["median_ms"] / runs["ddp"]["median_ms"]))
     return again, ddp_wfbp
