@@ -61,14 +61,15 @@ def main():
     if rank == 0:
         print(f"# {args.model}, batch {args.batch}/rank, all-reduce {args.mib:g} MiB, {world} ranks")
         print(f"{'rank':>4} {'compute alone':>14} {'beside':>10} {'covered':>8} {'κ':>7} "
-              f"{'all-reduce alone':>17} {'beside compute':>15}")
+              f"{'all-reduce alone':>17} {'beside compute':>15} {'λ':>6} {'ν (CPU)':>8} {'μ (CPU)':>8}")
         for r in everyone:
             walls = [w for w, c in r["beside"] if c >= 0.5]
             print(f"{r['rank']:>4} {statistics.median(r['alone_s']) * 1e3:>11.2f} ms "
                   f"{(statistics.median(walls) * 1e3 if walls else float('nan')):>7.2f} ms "
                   f"{statistics.median(c for _, c in r['beside']):>8.2f} {r['compute_slowdown']:>7.3f} "
                   f"{statistics.median(r['comm_alone_s']) * 1e3:>14.1f} ms "
-                  f"{statistics.median(r['comm_beside_s']) * 1e3:>12.1f} ms")
+                  f"{statistics.median(r['comm_beside_s']) * 1e3:>12.1f} ms {r['comm_slowdown']:>6.2f} "
+                  f"{r['comm_cpu_slowdown']:>8.2f} {r['compute_cpu_slowdown']:>8.2f}")
         pooled = fit_compute_slowdown(alone_s=[t for r in everyone for t in r["alone_s"]],
                                       beside=[b for r in everyone for b in r["beside"]])
         print(f"all ranks: {pooled}")

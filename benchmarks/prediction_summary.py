@@ -8,8 +8,10 @@ compute slowed by the factor measured beside an all-reduce).
 
 --resimulate predicts every run again with this checkout's simulator from the
 measurements the file holds (rank 0's profile, each layout's collectives
-alone, both contention factors: compute beside collectives and collectives
-beside compute; usbyte's and deft's plans where the file has them; each
+alone, the contention factors: compute beside collectives, collectives
+beside compute, and each one's CPU beside the other (files from before that
+was recorded charge the collectives' CPU at the second, as they did);
+usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
 layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
@@ -55,12 +57,12 @@ def resimulate(data) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_bench import COMM_KEYS, host_cpu_of, simulated
+    from train_bench import COMM_KEYS, host_cpu_of, simulation
 
     import torch
 
     import dearcomm
-    from dearcomm.contention import fit_comm_slowdown
+    from dearcomm.contention import fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown
     from dearcomm.host_cost import cores_share
 
     profile = dearcomm.TrainingProfile.from_dict(data["profile"])
@@ -68,6 +70,15 @@ def resimulate(data) -> None:
     # Measured once a round: the medians of the rounds' factors; once at the start: from its timings.
     comm_slowdown = contention["comm_slowdown"] if "rounds" in contention else \
         fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
+    # Each one's CPU beside the other over alone (ν, μ): fitted, or from the rounds' CPU where they
+    # recorded it; files from before either charged the collectives' CPU at λ: kept so.
+    parts = [r for r in contention.get("rounds", []) if "beside_comm_cpu_s" in r]
+    comm_cpu_slowdown = contention.get("comm_cpu_slowdown") or (statistics.median(
+        fit_comm_cpu_slowdown(r["comm_alone_cpu_s"], r["beside_comm_cpu_s"], r["beside_comm_count"])
+        for r in parts) if parts else comm_slowdown)
+    compute_cpu_slowdown = contention.get("compute_cpu_slowdown") or (statistics.median(
+        fit_compute_cpu_slowdown(r["alone_cpu_s"], r["beside_compute_cpu_s"], len(r["beside"]))
+        for r in parts) if parts else 1.0)
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
@@ -87,11 +98,14 @@ def resimulate(data) -> None:
         if planned and "bucket_mb" not in planned and name.startswith("usbyte"):
             planned = dict(planned, bucket_mb=usbyte_bucket_mb(name, args, profile, comm, data["world_size"], planned,
                                                                names, run["buckets"]))
-        seconds = simulated(name, args, profile, profile.step_ms, comm, data["world_size"],
-                            contention["compute_slowdown"], chosen=run.get("auto_options"), comm_slowdown=comm_slowdown,
-                            planned=planned, names=names, host_ms=host_ms, host_ms_per_mib=host_ms_per_mib)
-        run["predicted_ms"] = seconds * 1e3
-    contention["comm_slowdown"] = comm_slowdown
+        prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"],
+                                contention["compute_slowdown"], chosen=run.get("auto_options"),
+                                comm_slowdown=comm_slowdown, planned=planned, names=names, host_ms=host_ms,
+                                host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
+                                compute_cpu_slowdown=compute_cpu_slowdown)
+        run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
+    contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
+                      compute_cpu_slowdown=compute_cpu_slowdown)
 
 
 def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: int) -> float:

@@ -19,6 +19,17 @@ The other direction (Network.comm_slowdown, λ): the same benchmark times the
 collective alone and back to back beside the compute loop, which covers it
 whole; fit_comm_slowdown() takes the ratio of the medians (at least 1).
 
+And the CPU each takes beside the other, for the simulator's CPU bound:
+the collectives' (Network.comm_cpu_slowdown, ν: the process's CPU per
+all-reduce beside compute, all of it less the compute's, over its CPU
+alone; fit_comm_cpu_slowdown()) and the compute's (Network.
+compute_cpu_slowdown, μ: the compute thread's CPU per iteration beside
+collectives over alone; fit_compute_cpu_slowdown()), each at least 1.
+Neither is its wall factor: on loopback, 2 ranks on 2 cores, an all-reduce's
+wall stretched 1.5-2.1x beside compute where its CPU grew 1.02-1.14x, and a
+bound that charged the collectives' CPU at λ over-predicted the rows where
+they are a large share of the CPU.
+
     fit = dearcomm.fit_compute_slowdown("results/contention.json")
     network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)
 
@@ -120,6 +131,33 @@ def fit_comm_slowdown(alone_s: Sequence[float], beside_s: Sequence[float]) -> fl
     return max(1.0, beside / alone)
 
 
+def fit_comm_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, beside_count: int) -> float:
+    """ν >= 1: how many times its CPU alone a collective's CPU takes beside
+    compute, from the process's CPU of single all-reduces alone (seconds; the
+    ``comm_alone_cpu_s`` list) and the CPU the collectives took over
+    ``beside_count`` of them beside compute (``beside_comm_cpu_s``)."""
+    if not alone_cpu_s or not isinstance(beside_count, int) or isinstance(beside_count, bool) or beside_count < 1:
+        raise ValueError("dearcomm: fit_comm_cpu_slowdown needs a collective's CPU alone and the count of those "
+                         f"beside compute (got {len(alone_cpu_s or [])} alone, count {beside_count!r})")
+    alone = statistics.median(_positive(t, "a collective's CPU alone") for t in alone_cpu_s)
+    _check_number("the collectives' CPU beside compute", beside_cpu_s, allow_zero=True)
+    return max(1.0, beside_cpu_s / beside_count / alone)
+
+
+def fit_compute_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, beside_iterations: int) -> float:
+    """μ >= 1: how many times its CPU alone compute takes beside collectives,
+    from the compute thread's CPU of iterations alone (seconds; the
+    ``alone_cpu_s`` list) and its CPU over ``beside_iterations`` iterations
+    beside collectives (``beside_compute_cpu_s``)."""
+    if not alone_cpu_s or not isinstance(beside_iterations, int) or isinstance(beside_iterations, bool) \
+            or beside_iterations < 1:
+        raise ValueError("dearcomm: fit_compute_cpu_slowdown needs compute's CPU alone and the count of iterations "
+                         f"beside collectives (got {len(alone_cpu_s or [])} alone, count {beside_iterations!r})")
+    alone = statistics.median(_positive(t, "a compute iteration's CPU alone") for t in alone_cpu_s)
+    _check_number("the compute's CPU beside collectives", beside_cpu_s, allow_zero=True)
+    return max(1.0, beside_cpu_s / beside_iterations / alone)
+
+
 # ---- measuring ------------------------------------------------------------------
 
 def _busy_fraction(start: float, end: float, busy) -> float:
@@ -133,18 +171,20 @@ def _timed(compute: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def _alone(compute: Callable[[], None], lockstep: Lockstep, iters: int, cpu: list) -> list:
+def _alone(compute: Callable[[], None], lockstep: Lockstep, iters: int, cpu: list, process_cpu: list) -> list:
     """``iters`` compute iterations timed alone, every rank starting each one
     together, as in training: where ranks share cores (4 ranks on 2), one
     that ran ahead would time its iteration beside fewer busy ranks (a wide
-    MLP read 46 to 132 ms). Appends each one's CPU (this thread's) to `cpu`.
+    MLP read 46 to 132 ms). Appends each one's CPU to `cpu` (this thread's)
+    and `process_cpu` (every thread's: torch's intra-op pool too).
     A last meeting: a rank whose last iteration failed tells the others there."""
     times = []
     for _ in range(iters):
         lockstep.meet()
-        start = time.thread_time()
+        start, process_start = time.thread_time(), time.process_time()
         times.append(_timed(compute))
         cpu.append(time.thread_time() - start)
+        process_cpu.append(time.process_time() - process_start)
     lockstep.meet()
     return times
 
@@ -162,16 +202,20 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     alone and beside. Every rank of the group calls it together, with the
     same ``iters``; where ``compute()`` raises on one rank, every rank raises
     (the others a ValueError naming that rank and its error) instead of
-    waiting for it. Returns the timings (seconds) and both factors fitted
-    (compute_slowdown κ, comm_slowdown λ); NotFitted where this rank's
-    timings fit no factor, once every rank is done with the collectives.
+    waiting for it. Returns the timings (seconds) and the factors fitted
+    (compute_slowdown κ, comm_slowdown λ, comm_cpu_slowdown ν,
+    compute_cpu_slowdown μ); NotFitted where this rank's timings fit no κ
+    or λ, once every rank is done with the collectives (ν and μ are 1 where
+    a CPU clock read 0).
     Also the CPU each part took (seconds): each compute iteration alone
     (``alone_cpu_s``, its thread's), each all-reduce alone
     (``comm_alone_cpu_s``, the process's), and over the time they ran beside
     each other the compute's thread (``beside_compute_cpu_s``, over
-    ``beside_compute_wall_s`` of compute) and every other thread of the
-    process (``beside_comm_cpu_s``, ``beside_comm_count`` all-reduces; with
-    more than one intra-op thread, torch's pool counts there too).
+    ``beside_compute_wall_s`` of compute) and the collectives
+    (``beside_comm_cpu_s`` over ``beside_comm_count`` all-reduces: the
+    process's less the compute's, which with torch's intra-op pool is the
+    compute thread's times the process's over the thread's CPU alone,
+    ``alone_process_cpu_s``).
 
     ``iters`` compute iterations are timed alone before the collectives and
     as many after, and κ's fit takes the median of both: a model's first
@@ -195,6 +239,15 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
                        comm_slowdown=fit_comm_slowdown(timings["comm_alone_s"], timings["comm_beside_s"]))
     except ValueError as e:
         raise NotFitted(str(e)) from None
+    try:
+        factors.update(comm_cpu_slowdown=fit_comm_cpu_slowdown(timings["comm_alone_cpu_s"],
+                                                               timings["beside_comm_cpu_s"],
+                                                               timings["beside_comm_count"]),
+                       compute_cpu_slowdown=fit_compute_cpu_slowdown(timings["alone_cpu_s"],
+                                                                     timings["beside_compute_cpu_s"],
+                                                                     len(timings["beside"])))
+    except ValueError:  # a CPU clock that read 0: the bound then charges each as alone
+        factors.update(comm_cpu_slowdown=1.0, compute_cpu_slowdown=1.0)
     return dict(timings, **factors)
 
 
@@ -206,8 +259,8 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
 
     for _ in range(2):
         compute()
-    alone_cpu, comm_alone, comm_alone_cpu = [], [], []
-    alone = _alone(compute, lockstep, iters, alone_cpu)
+    alone_cpu, alone_process_cpu, comm_alone, comm_alone_cpu = [], [], [], []
+    alone = _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
     for _ in range(3):
         start = time.process_time()  # every thread: the backend's do the work
         comm_alone.append(_timed(lambda: _C.all_reduce(backend, buffer).wait()))
@@ -239,13 +292,22 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
         thread.join()
     compute_cpu = time.thread_time() - compute_cpu
     process_cpu = time.process_time() - process_cpu
-    alone += _alone(compute, lockstep, iters, alone_cpu)
+    alone += _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
-    # CPU, not fitted into any factor: what the compute and the collectives
-    # each take of the cores alone and beside each other (the CPU bound's
-    # inputs, for offline comparison).
     return dict(alone_s=alone, beside=beside, comm_alone_s=comm_alone, comm_beside_s=comm_beside,
-                alone_cpu_s=alone_cpu, comm_alone_cpu_s=comm_alone_cpu,
-                beside_compute_cpu_s=compute_cpu, beside_comm_cpu_s=process_cpu - compute_cpu,
+                alone_cpu_s=alone_cpu, alone_process_cpu_s=alone_process_cpu, comm_alone_cpu_s=comm_alone_cpu,
+                beside_compute_cpu_s=compute_cpu,
+                beside_comm_cpu_s=collectives_cpu(process_cpu, compute_cpu, alone_process_cpu, alone_cpu),
                 beside_compute_wall_s=sum(end - start for start, end in spans), beside_comm_count=len(busy))
+
+
+def collectives_cpu(process_cpu: float, compute_thread_cpu: float, alone_process_cpu: Sequence[float],
+                    alone_thread_cpu: Sequence[float]) -> float:
+    """The collectives' part of the process's CPU while they ran beside
+    compute: the rest once the compute's is taken out, the compute's being its
+    thread's times the process's over the thread's CPU alone (torch's
+    intra-op pool works for the compute thread; 1 with one thread)."""
+    thread = statistics.median(alone_thread_cpu)
+    pool = max(1.0, statistics.median(alone_process_cpu) / thread) if thread > 0 else 1.0
+    return max(0.0, process_cpu - compute_thread_cpu * pool)

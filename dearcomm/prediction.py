@@ -121,10 +121,17 @@ class Network:
     ``host_ms``. It does not stretch the timeline (compute_slowdown carries
     the collectives' effect on compute); it bounds the iteration: where the
     ranks fill the cores, an iteration takes at least its compute work plus
-    its collectives' CPU, comm_slowdown times what they take alone
+    its collectives' CPU, comm_cpu_slowdown times what they take alone
     (Prediction.cpu_ms). 0 where collectives run elsewhere (a GPU) or on
     cores the compute leaves free ("ordered_all_reduce": the "all_reduce"'s
-    unless given)."""
+    unless given).
+    ``comm_cpu_slowdown``: how many times its CPU alone a collective's CPU
+    takes beside compute, in that bound (the same benchmark measures it): on
+    loopback 1.02-1.14 where comm_slowdown, its wall, read 1.5-2.1.
+    ``compute_cpu_slowdown``: how many times its CPU alone compute takes
+    beside a collective (caches and memory shared with gloo's summing), in
+    that bound for the compute the simulated device runs beside one: 1.02-1.07
+    there. Both 1 where the bound does not apply."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -133,6 +140,8 @@ class Network:
     all_reduce_lanes: int = 1
     host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     host_ms_per_mib: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    comm_cpu_slowdown: float = 1.0
+    compute_cpu_slowdown: float = 1.0
 
     def host_costs(self) -> Dict[str, float]:
         """{kind: seconds the compute stream loses per collective} for every
@@ -185,8 +194,9 @@ class Prediction:
     timeline_ms: float = 0.0
     """From the start of the last iteration's forward to the start of the next, on the simulated device."""
     cpu_ms: float = 0.0
-    """The host CPU that iteration needs: its compute work (as alone) and its
-    collectives' CPU (Network.host_ms and host_ms_per_mib, comm_slowdown
+    """The host CPU that iteration needs: its compute work (as alone;
+    Network.compute_cpu_slowdown times that beside a collective) and its
+    collectives' CPU (Network.host_ms and host_ms_per_mib, comm_cpu_slowdown
     times). Where it is the longer, the ranks' cores bound the iteration."""
 
     def buckets(self, iteration: Optional[int] = None) -> List[Dict]:
@@ -284,7 +294,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         delays = [checked_delay(d, options.effective_max_delay, f"delays[{i}]") for i, d in enumerate(delays)]
         choice = choice.with_bucket_delays(bucket_delays(layout, delays))
     costs = network.costs()
-    for name in ("compute_slowdown", "comm_slowdown"):
+    for name in ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown"):
         factor = getattr(network, name)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
                 or factor < 1:
@@ -295,7 +305,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
-                      network.host_costs_per_byte())
+                      network.host_costs_per_byte(), float(network.comm_cpu_slowdown),
+                      float(network.compute_cpu_slowdown))
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

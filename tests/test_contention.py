@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 import dearcomm
-from dearcomm.contention import fit_compute_slowdown
+from dearcomm.contention import collectives_cpu, fit_comm_cpu_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown
 from tests.multiprocess import run_workers
 
 WORK_S = 0.010
@@ -184,3 +184,43 @@ def test_the_cpu_of_compute_and_of_the_collectives_is_recorded_apart():
         assert m["beside_comm_count"] >= 2
         # The all-reduces' CPU is the backend's threads', not the compute's.
         assert m["beside_comm_cpu_s"] > 0 and all(c > 0 for c in m["comm_alone_cpu_s"])
+        # One intra-op thread: the process's CPU alone is the compute thread's (a little more, not twice).
+        assert len(m["alone_process_cpu_s"]) == 6
+        assert all(t - 0.002 <= p < 1.5 * t for p, t in zip(m["alone_process_cpu_s"], m["alone_cpu_s"]))
+        # ν is their CPU per all-reduce beside over alone, as fitted from what was recorded.
+        assert m["comm_cpu_slowdown"] == pytest.approx(fit_comm_cpu_slowdown(
+            m["comm_alone_cpu_s"], m["beside_comm_cpu_s"], m["beside_comm_count"])) and m["comm_cpu_slowdown"] >= 1
+        assert m["compute_cpu_slowdown"] == pytest.approx(fit_compute_cpu_slowdown(
+            m["alone_cpu_s"], m["beside_compute_cpu_s"], len(m["beside"]))) and m["compute_cpu_slowdown"] >= 1
+
+
+def test_comm_cpu_slowdown_is_the_cpu_per_collective_beside_over_alone_and_never_below_one():
+    assert fit_comm_cpu_slowdown([0.010, 0.012, 0.011], 0.33, 25) == pytest.approx(0.0132 / 0.011)
+    assert fit_comm_cpu_slowdown([0.010], 0.05, 10) == 1.0  # less beside compute: noise, not a saving
+    for alone, beside, count in (([], 0.1, 3), ([0.01], 0.1, 0), ([0.01], 0.1, 2.5), ([0.01], 0.1, True)):
+        with pytest.raises(ValueError, match="fit_comm_cpu_slowdown needs"):
+            fit_comm_cpu_slowdown(alone, beside, count)
+    with pytest.raises(ValueError, match="a collective's CPU alone must be a positive"):
+        fit_comm_cpu_slowdown([0.0], 0.1, 2)
+    with pytest.raises(ValueError, match="the collectives' CPU beside compute"):
+        fit_comm_cpu_slowdown([0.01], float("nan"), 2)
+
+
+def test_compute_cpu_slowdown_is_the_cpu_per_iteration_beside_over_alone_and_never_below_one():
+    assert fit_compute_cpu_slowdown([0.020, 0.022, 0.021], 0.105, 4) == pytest.approx(0.02625 / 0.021)
+    assert fit_compute_cpu_slowdown([0.020], 0.03, 2) == 1.0
+    for alone, beside, count in (([], 0.1, 3), ([0.02], 0.1, 0), ([0.02], 0.1, None)):
+        with pytest.raises(ValueError, match="fit_compute_cpu_slowdown needs"):
+            fit_compute_cpu_slowdown(alone, beside, count)
+    with pytest.raises(ValueError, match="a compute iteration's CPU alone must be a positive"):
+        fit_compute_cpu_slowdown([-0.01], 0.1, 2)
+
+
+def test_the_collectives_cpu_beside_takes_out_the_compute_pools_share():
+    # One thread: the process's CPU less the compute thread's.
+    assert collectives_cpu(1.0, 0.8, [0.1, 0.1], [0.1, 0.1]) == pytest.approx(0.2)
+    # torch's pool did as much again as the compute thread alone: its share beside is taken out too.
+    assert collectives_cpu(2.0, 0.8, [0.2, 0.21, 0.19], [0.1, 0.1, 0.1]) == pytest.approx(0.4)
+    # Never below 0, nor a pool under 1 (the process's CPU alone read less than the thread's).
+    assert collectives_cpu(1.0, 1.2, [0.1], [0.1]) == 0.0
+    assert collectives_cpu(1.0, 0.8, [0.09], [0.1]) == pytest.approx(0.2)

@@ -243,16 +243,20 @@ def test_hand_computed_timeline_with_each_collective_s_host_cost():
 
 def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline():
     """Network.host_ms_per_mib: each all-reduce of a 1 MiB bucket takes 4 ms
-    of host CPU, and 2x that beside compute (comm_slowdown); with 0.5 ms per
-    call, three per iteration: cpu = compute (3 + 6 + 2) + 3·2·(0.5 + 4)."""
+    of host CPU, and 2x that beside compute (comm_cpu_slowdown); with 0.5 ms
+    per call, three per iteration: cpu = compute (3 + 6 + 2) + 3·2·(0.5 + 4)."""
     mib_profile = [ModuleProfile(f"m{i}", 1.0, 2.0, [MIB // 4]) for i in range(3)]
     fast = Network(alpha_us=0.0, gbit_s=math.inf, host_ms={"all_reduce": 0.5}, host_ms_per_mib={"all_reduce": 4.0},
-                   comm_slowdown=2.0)
+                   comm_cpu_slowdown=2.0)
     p = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, network=fast, step_ms=2.0, bucket_mb=0)
     # The timeline: 11 ms of compute and three host costs paid before the next compute (none waits).
     assert p.timeline_ms == pytest.approx(11.0 + 3 * 0.5)
     assert p.cpu_ms == pytest.approx(11.0 + 3 * 2 * (0.5 + 4.0))
     assert p.iteration_ms == pytest.approx(p.cpu_ms)
+    # The collectives' wall stretch beside compute (comm_slowdown) is not their CPU: the bound ignores it.
+    stretched = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, bucket_mb=0, step_ms=2.0,
+                                  network=dataclasses.replace(fast, comm_slowdown=3.0, comm_cpu_slowdown=1.0))
+    assert stretched.cpu_ms == pytest.approx(11.0 + 3 * (0.5 + 4.0))
     # Where the link exposes its all-reduces the timeline is the longer: the bound leaves it alone.
     slow = dataclasses.replace(fast, gbit_s=NETWORK.gbit_s / 16)
     plain = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, network=slow, step_ms=2.0, bucket_mb=0)
@@ -268,6 +272,30 @@ def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline(
                                    network=dataclasses.replace(fast, host_ms={}, host_ms_per_mib={
                                        "reduce_scatter": 1.0, "all_gather": 0.5}), step_ms=2.0, bucket_mb=0)
     assert replicated.cpu_ms == pytest.approx(3 + 2.0 + 6 + 3 * 2 * (1.0 + 0.5))
+
+
+def test_compute_beside_a_collective_counts_compute_cpu_slowdown_times_its_work_in_the_bound():
+    """Network.compute_cpu_slowdown = 1.5 on the hand-computed timelines
+    (EXPECTED): wfbp's steady iteration runs backward m1 and m0 (4 ms of
+    work) beside AR2 and AR1, fwd, m2's backward and the step alone; dear's
+    forward of m0 and m1 runs beside AG1 and AG2, backward m1 and m0 each 1 ms
+    beside RS2 and RS1 (4 ms). Each collective's CPU: 4 ms per MiB."""
+    mu = dataclasses.replace(NETWORK, compute_cpu_slowdown=1.5, host_ms_per_mib={"all_reduce": 4.0})
+    wfbp = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=mu, step_ms=2.0, bucket_mb=0)
+    assert wfbp.timeline_ms == pytest.approx(13.0)
+    assert wfbp.cpu_ms == pytest.approx(3 + 6 + 2 + 0.5 * 4 + 3 * 4.0)
+    # ν scales only the collectives' part.
+    both = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, step_ms=2.0, bucket_mb=0,
+                             network=dataclasses.replace(mu, comm_cpu_slowdown=1.25))
+    assert both.cpu_ms == pytest.approx(3 + 6 + 2 + 0.5 * 4 + 1.25 * 3 * 4.0)
+    dear = dearcomm.simulate(PROFILE, schedule="dear", world_size=2, step_ms=2.0, bucket_mb=0, network=dataclasses.replace(
+        mu, host_ms_per_mib={"reduce_scatter": 1.0, "all_gather": 0.5}))
+    assert dear.timeline_ms == pytest.approx(12.0)
+    assert dear.cpu_ms == pytest.approx(3 + 6 + 1 + 0.5 * 4 + 3 * (1.0 + 0.5))
+    # Without a collective beside it compute counts as alone: an infinitely fast link.
+    alone = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, step_ms=2.0, bucket_mb=0,
+                              network=dataclasses.replace(mu, gbit_s=math.inf))
+    assert alone.cpu_ms == pytest.approx(11 + 3 * 4.0)
 
 
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
@@ -340,6 +368,11 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
     (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=0.9)), ValueError, "comm_slowdown must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=math.nan)), ValueError, "comm_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, comm_cpu_slowdown=0.5)), ValueError, "comm_cpu_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, compute_cpu_slowdown=0.9)), ValueError,
+     "compute_cpu_slowdown must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, comm_cpu_slowdown=math.inf)), ValueError,
+     "comm_cpu_slowdown must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=0)), ValueError, "all_reduce_lanes must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=1.5)), ValueError, "all_reduce_lanes must be"),
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),

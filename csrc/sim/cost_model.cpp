@@ -22,7 +22,7 @@ void check(const char* kind, const AlphaBeta& ab) {
 
 CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
                      AlphaBeta ordered_all_reduce, double compute_slowdown, double comm_slowdown,
-                     int64_t all_reduce_lanes)
+                     int64_t all_reduce_lanes, double comm_cpu_slowdown, double compute_cpu_slowdown)
     : world_size_(world_size),
       reduce_scatter_(reduce_scatter),
       all_gather_(all_gather),
@@ -30,7 +30,9 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
       ordered_all_reduce_(ordered_all_reduce),
       compute_slowdown_(compute_slowdown),
       comm_slowdown_(comm_slowdown),
-      all_reduce_lanes_(all_reduce_lanes) {
+      all_reduce_lanes_(all_reduce_lanes),
+      comm_cpu_slowdown_(comm_cpu_slowdown),
+      compute_cpu_slowdown_(compute_cpu_slowdown) {
   DEARCOMM_CORE_CHECK(world_size >= 2, std::invalid_argument, "dearcomm: a world size >= 2 is needed, got ",
                       world_size);
   check("reduce_scatter", reduce_scatter_);
@@ -41,6 +43,10 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
                       "dearcomm: compute_slowdown must be a finite factor >= 1, got ", compute_slowdown_);
   DEARCOMM_CORE_CHECK(std::isfinite(comm_slowdown_) && comm_slowdown_ >= 1.0, std::invalid_argument,
                       "dearcomm: comm_slowdown must be a finite factor >= 1, got ", comm_slowdown_);
+  DEARCOMM_CORE_CHECK(std::isfinite(comm_cpu_slowdown_) && comm_cpu_slowdown_ >= 1.0, std::invalid_argument,
+                      "dearcomm: comm_cpu_slowdown must be a finite factor >= 1, got ", comm_cpu_slowdown_);
+  DEARCOMM_CORE_CHECK(std::isfinite(compute_cpu_slowdown_) && compute_cpu_slowdown_ >= 1.0, std::invalid_argument,
+                      "dearcomm: compute_cpu_slowdown must be a finite factor >= 1, got ", compute_cpu_slowdown_);
   DEARCOMM_CORE_CHECK(all_reduce_lanes_ >= 1, std::invalid_argument,
                       "dearcomm: all_reduce_lanes must be >= 1, got ", all_reduce_lanes_);
 }

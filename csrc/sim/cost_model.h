@@ -17,8 +17,12 @@
 // (gloo's summing and copies), in the same compute-stream seconds. It does
 // not stretch the timeline (compute_slowdown carries that beside the
 // collectives); it bounds it: an iteration takes at least its compute work
-// plus its collectives' CPU, comm_slowdown times what they take alone, where
-// the ranks fill the cores (Result::cpu_s).
+// plus its collectives' CPU, `comm_cpu_slowdown` times what they take alone
+// (their CPU beside compute over alone, measured: their wall stretches by
+// comm_slowdown, their CPU far less), where the ranks fill the cores
+// (Result::cpu_s); compute beside a collective counts `compute_cpu_slowdown`
+// times its work (its CPU beside collectives over alone: caches and memory
+// shared with the summing).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
@@ -47,20 +51,22 @@ class CostModel {
  public:
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
             AlphaBeta ordered_all_reduce, double compute_slowdown = 1.0, double comm_slowdown = 1.0,
-            int64_t all_reduce_lanes = 1);
+            int64_t all_reduce_lanes = 1, double comm_cpu_slowdown = 1.0, double compute_cpu_slowdown = 1.0);
   // `in_issue_order`: the backend keeps this collective in issue order (the schedule asked).
   double seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const;
   double host_seconds(Collective kind, bool in_issue_order = false) const {
     return of(kind, in_issue_order).host_s;
   }
   // The host CPU a collective of `bytes` takes beside compute: its fixed
-  // and per-byte cost, comm_slowdown() times what it takes alone.
+  // and per-byte cost, comm_cpu_slowdown() times what it takes alone.
   double host_cpu_seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const {
     const AlphaBeta& ab = of(kind, in_issue_order);
-    return comm_slowdown_ * (ab.host_s + ab.host_s_per_byte * static_cast<double>(bytes));
+    return comm_cpu_slowdown_ * (ab.host_s + ab.host_s_per_byte * static_cast<double>(bytes));
   }
   double compute_slowdown() const { return compute_slowdown_; }
   double comm_slowdown() const { return comm_slowdown_; }
+  double comm_cpu_slowdown() const { return comm_cpu_slowdown_; }
+  double compute_cpu_slowdown() const { return compute_cpu_slowdown_; }
   int64_t all_reduce_lanes() const { return all_reduce_lanes_; }
   // Bytes an all-reduce moves through the link in `seconds` once started
   // (the link model a queueing policy gets).
@@ -74,6 +80,8 @@ class CostModel {
   double compute_slowdown_;
   double comm_slowdown_;
   int64_t all_reduce_lanes_;
+  double comm_cpu_slowdown_;
+  double compute_cpu_slowdown_;
 };
 
 }  // namespace dearcomm::sim

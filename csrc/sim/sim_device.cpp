@@ -73,20 +73,21 @@ double SimDevice::cpu_seconds(int64_t iteration) const {
 }
 
 void SimDevice::compute(const std::string& name, double seconds) {
-  cpu_s_[iteration_] += seconds;
   if (host_owed_s_ > 0) {
     const double owed = host_owed_s_;
     host_owed_s_ = 0.0;
     run("host", owed);
   }
-  run(name, seconds);
+  const double beside = run(name, seconds);
+  cpu_s_[iteration_] += seconds + (cost_.compute_cpu_slowdown() - 1.0) * beside;
 }
 
-void SimDevice::run(const std::string& name, double seconds) {
+double SimDevice::run(const std::string& name, double seconds) {
   const double compute_slowdown = cost_.compute_slowdown();
   const double comm_rate = 1.0 / cost_.comm_slowdown();
   const double begin = now_;
   double work = seconds;  // left, in idle-machine seconds
+  double beside = 0.0;    // done while a collective ran
   while (work > 0) {
     if (channel_.empty()) {
       now_ += work;
@@ -96,10 +97,13 @@ void SimDevice::run(const std::string& name, double seconds) {
     const double compute_left = work * compute_slowdown;
     const double comm_left = time_to_finish(comm_rate);
     const double dt = std::min(compute_left, comm_left);
-    work = compute_left <= comm_left ? 0.0 : work - dt / compute_slowdown;
+    const double done = compute_left <= comm_left ? work : dt / compute_slowdown;
+    beside += done;
+    work -= done;
     advance(dt, comm_rate);
   }
   spans_.push_back({name, iteration_, begin, now_});
+  return beside;
 }
 
 std::vector<int64_t> SimDevice::begin_backward() {

@@ -67,8 +67,9 @@ class SimDevice final : public core::Device {
   void set_iteration(int64_t iteration) { iteration_ = iteration; }
   const std::vector<SimOp>& ops() const { return ops_; }
   const std::vector<Span>& spans() const { return spans_; }
-  // The host CPU `iteration` took: its compute work (as on an idle machine)
-  // and its collectives' CPU (CostModel::host_cpu_seconds, counted at issue).
+  // The host CPU `iteration` took: its compute work (as on an idle machine,
+  // compute_cpu_slowdown() times that where a collective ran beside it) and
+  // its collectives' CPU (CostModel::host_cpu_seconds, counted at issue).
   double cpu_seconds(int64_t iteration) const;
 
   std::vector<int64_t> begin_backward() override;
@@ -106,8 +107,9 @@ class SimDevice final : public core::Device {
   // Wall time until the first running collective finishes, at `comm_rate`.
   double time_to_finish(double comm_rate) const;
 
-  // `seconds` of compute work on the stream, as compute() describes it.
-  void run(const std::string& name, double seconds);
+  // `seconds` of compute work on the stream, as compute() describes it;
+  // returns how much of that work ran beside a collective.
+  double run(const std::string& name, double seconds);
 
   std::map<int64_t, double> cpu_s_;  // per iteration, what cpu_seconds() gives
   double host_owed_s_ = 0.0;  // host cost of collectives issued, not yet paid by compute or idle time
