@@ -148,6 +148,8 @@ def summarise(path: Path, again: bool = False):
     return dict(row=path.stem, network=data.get("network"), world=data["world_size"],
                 slowdown=data.get("contention", {}).get("compute_slowdown"),
                 comm_slowdown=data.get("contention", {}).get("comm_slowdown"),
+                comm_cpu_slowdown=data.get("contention", {}).get("comm_cpu_slowdown"),
+                compute_cpu_slowdown=data.get("contention", {}).get("compute_cpu_slowdown"),
                 median_abs_error=statistics.median(abs(e) for e in errors.values()), worst=worst,
                 worst_error=errors[worst], within_10=sum(abs(e) <= 0.10 for e in errors.values()), runs=len(errors),
                 pick=pick, pick_vs_best=candidates[pick]["median_ms"] / candidates[best]["median_ms"], best=best,
@@ -163,12 +165,13 @@ def main():
     args = parser.parse_args()
     rows = [r for r in (summarise(f, args.resimulate) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
-    print("| row | κ | λ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
+    print("| row | κ | λ | ν | μ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    factor = lambda x: f"{x:.2f}" if x else "-"  # noqa: E731
     for r in rows:
-        lam = f"{r['comm_slowdown']:.2f}" if r["comm_slowdown"] else "-"
-        print(f"| {r['row']} | {r['slowdown']:.2f} | {lam} | {r['within_10']} of {r['runs']} | {r['median_abs_error']:.1%} | "
+        print(f"| {r['row']} | {r['slowdown']:.2f} | {factor(r['comm_slowdown'])} | {factor(r['comm_cpu_slowdown'])} | "
+              f"{factor(r['compute_cpu_slowdown'])} | {r['within_10']} of {r['runs']} | {r['median_abs_error']:.1%} | "
               f"{r['worst']} {r['worst_error']:+.1%} | {r['pick']} | {r['pick_vs_best']:.3f} | "
               f"{fmt(r['pick_speedup'])} | {r['best']} ({fmt(r['best_speedup'])}) | {fmt(r['default_speedup'])} |")
     if rows:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import threading
 import time
@@ -165,6 +166,26 @@ def _busy_fraction(start: float, end: float, busy) -> float:
     return covered / (end - start)
 
 
+def machine_cpu_s() -> Optional[dict]:
+    """The whole machine's CPU seconds so far (every core, from /proc/stat):
+    busy (user, system, interrupts), of that softirq (the kernel's packet
+    work, loopback TCP's receive side, charged to no process), and idle;
+    None where /proc/stat is not there."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return None
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    return dict(busy=(user + nice + system + irq + softirq + steal) * tick, softirq=(irq + softirq) * tick,
+                idle=(idle + iowait) * tick)
+
+
+def _machine_since(start: Optional[dict]) -> Optional[dict]:
+    now = machine_cpu_s()
+    return None if start is None or now is None else {k: now[k] - start[k] for k in start}
+
+
 def _timed(compute: Callable[[], None]) -> float:
     start = time.perf_counter()
     compute()
@@ -215,7 +236,11 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     (``beside_comm_cpu_s`` over ``beside_comm_count`` all-reduces: the
     process's less the compute's, which with torch's intra-op pool is the
     compute thread's times the process's over the thread's CPU alone,
-    ``alone_process_cpu_s``).
+    ``alone_process_cpu_s``; the process's whole, ``beside_process_cpu_s``).
+    And the whole machine's CPU (machine_cpu_s(): busy, softirq, idle, and
+    the phase's wall) over the first iterations alone (``alone_machine_s``)
+    and over the phase beside (``beside_machine_s``): where the ranks fill
+    the cores, what they get of them.
 
     ``iters`` compute iterations are timed alone before the collectives and
     as many after, and κ's fit takes the median of both: a model's first
@@ -260,7 +285,9 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
     for _ in range(2):
         compute()
     alone_cpu, alone_process_cpu, comm_alone, comm_alone_cpu = [], [], [], []
+    machine, wall = machine_cpu_s(), time.perf_counter()
     alone = _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
+    alone_machine = dict(_machine_since(machine) or {}, wall=time.perf_counter() - wall)
     for _ in range(3):
         start = time.process_time()  # every thread: the backend's do the work
         comm_alone.append(_timed(lambda: _C.all_reduce(backend, buffer).wait()))
@@ -281,6 +308,7 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
     thread = threading.Thread(target=all_reduces)
     lockstep.meet()
     process_cpu, compute_cpu = time.process_time(), time.thread_time()
+    machine, wall = machine_cpu_s(), time.perf_counter()
     thread.start()
     spans = []
     try:
@@ -292,6 +320,7 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
         thread.join()
     compute_cpu = time.thread_time() - compute_cpu
     process_cpu = time.process_time() - process_cpu
+    beside_machine = dict(_machine_since(machine) or {}, wall=time.perf_counter() - wall)
     alone += _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]
@@ -299,7 +328,8 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
                 alone_cpu_s=alone_cpu, alone_process_cpu_s=alone_process_cpu, comm_alone_cpu_s=comm_alone_cpu,
                 beside_compute_cpu_s=compute_cpu,
                 beside_comm_cpu_s=collectives_cpu(process_cpu, compute_cpu, alone_process_cpu, alone_cpu),
-                beside_compute_wall_s=sum(end - start for start, end in spans), beside_comm_count=len(busy))
+                beside_compute_wall_s=sum(end - start for start, end in spans), beside_comm_count=len(busy),
+                beside_process_cpu_s=process_cpu, alone_machine_s=alone_machine, beside_machine_s=beside_machine)
 
 
 def collectives_cpu(process_cpu: float, compute_thread_cpu: float, alone_process_cpu: Sequence[float],

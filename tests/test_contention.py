@@ -1,6 +1,7 @@
 """fit_compute_slowdown(): the simulator's compute slowdown beside collectives,
 recovered from timings (dearcomm/contention.py, benchmarks/contention.py)."""
 import json
+import os
 import random
 import statistics
 
@@ -187,6 +188,14 @@ def test_the_cpu_of_compute_and_of_the_collectives_is_recorded_apart():
         # One intra-op thread: the process's CPU alone is the compute thread's (a little more, not twice).
         assert len(m["alone_process_cpu_s"]) == 6
         assert all(t - 0.002 <= p < 1.5 * t for p, t in zip(m["alone_process_cpu_s"], m["alone_cpu_s"]))
+        # The machine's CPU over each phase: busy and idle cover its cores over the phase's wall.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        for phase in ("alone_machine_s", "beside_machine_s"):
+            seen = m[phase]
+            assert seen["wall"] > 0 and 0 <= seen["softirq"] <= seen["busy"], seen
+            if os.path.exists("/proc/stat") and cores == os.cpu_count():
+                assert (seen["busy"] + seen["idle"]) == pytest.approx(cores * seen["wall"], rel=0.3, abs=0.05), seen
+        assert m["beside_process_cpu_s"] >= m["beside_compute_cpu_s"]
         # ν is their CPU per all-reduce beside over alone, as fitted from what was recorded.
         assert m["comm_cpu_slowdown"] == pytest.approx(fit_comm_cpu_slowdown(
             m["comm_alone_cpu_s"], m["beside_comm_cpu_s"], m["beside_comm_count"])) and m["comm_cpu_slowdown"] >= 1
