@@ -21,7 +21,10 @@ Three measurements, every one from the files alone:
      with every run within 10%, against what the files' predictions scored.
      With --rounds-factor F, also for F times the rounds (the noise's
      variance taken as falling with the rounds, as a median's does).
-  4. Where a file stores each run's predicted CPU (the simulated device's
+  4. Where the contention measurement records the whole machine's CPU:
+     each row's iteration over CPU against 1 / the share of the cores
+     neither idle nor in softirq while collectives ran beside compute.
+  5. Where a file stores each run's predicted CPU (the simulated device's
      bound, predicted_cpu_ms): that against the run's measured CPU, per row,
      so a change of the model's CPU can be checked against the CPU itself.
 """
@@ -137,6 +140,22 @@ def cpu_predicted(rows):
             if any(r.get("predicted_cpu_ms") for r in data["runs"].values())}
 
 
+def machine_share(rows):
+    """Per row whose contention rounds record the machine's CPU: (the runs'
+    median iteration over CPU, the median over rounds of 1 / the share of
+    the machine's cores neither idle nor in softirq while collectives ran
+    beside compute)."""
+    out = {}
+    for path, data in rows:
+        rounds = [r for r in data.get("contention", {}).get("rounds", []) if r.get("beside_machine_s", {}).get("busy")]
+        ratios = [r["median_ms"] / r["cpu_ms"] for r in data["runs"].values() if r.get("cpu_ms") and r.get("median_ms")]
+        if not rounds or not ratios:
+            continue
+        lost = [(m["idle"] + m["softirq"]) / (m["busy"] + m["idle"]) for m in (r["beside_machine_s"] for r in rounds)]
+        out[path] = (statistics.median(ratios), statistics.median(1 / (1 - x) for x in lost))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
@@ -167,6 +186,16 @@ def main():
         print(f"\n{hits} of {total} runs within 10% of their own CPU x {ratio:.3f}.\n")
     else:
         print("(no run stores its CPU per iteration)\n")
+    shares = machine_share(rows)
+    if shares:
+        print("## The iteration over the CPU against the machine's cores the ranks get\n")
+        print("Beside collectives (the contention measurement), the machine's cores not idle and not in softirq "
+              "(loopback TCP's receive side, charged to no process):\n")
+        print("| row | iteration / CPU, median of the runs | 1 / that share, median of the rounds | difference |")
+        print("|---|---|---|---|")
+        for path, (ratio, share) in shares.items():
+            print(f"| {path.parent.name}/{path.stem} | {ratio:.3f} | {share:.3f} | {share / ratio - 1:+.1%} |")
+        print()
 
     again, ddp_wfbp = pairs(rows)
     by_model = profile_against_training(rows)

@@ -8,10 +8,11 @@ compute slowed by the factor measured beside an all-reduce).
 
 --resimulate predicts every run again with this checkout's simulator from the
 measurements the file holds (rank 0's profile, each layout's collectives
-alone, the contention factors: compute beside collectives, collectives
-beside compute, and each one's CPU beside the other (files from before that
-was recorded charge the collectives' CPU at the second, as they did);
-usbyte's and deft's plans where the file has them; each
+alone, both contention factors: compute beside collectives and collectives
+beside compute, the second also the factor the CPU bound charges the
+collectives' CPU at (with --cpu-factors, files that record each part's CPU
+charge it at ν and the compute beside them at μ, their CPU beside the other
+over alone); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
 layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
@@ -53,7 +54,7 @@ def repeats(runs) -> dict:
             for name, first in firsts.items() if first in runs}
 
 
-def resimulate(data) -> None:
+def resimulate(data, cpu_factors: bool = False) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,14 +72,16 @@ def resimulate(data) -> None:
     comm_slowdown = contention["comm_slowdown"] if "rounds" in contention else \
         fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
     # Each one's CPU beside the other over alone (ν, μ): fitted, or from the rounds' CPU where they
-    # recorded it; files from before either charged the collectives' CPU at λ: kept so.
+    # recorded it; in the bound only with cpu_factors (by default it charges the collectives' CPU at λ).
     parts = [r for r in contention.get("rounds", []) if "beside_comm_cpu_s" in r]
     comm_cpu_slowdown = contention.get("comm_cpu_slowdown") or (statistics.median(
         fit_comm_cpu_slowdown(r["comm_alone_cpu_s"], r["beside_comm_cpu_s"], r["beside_comm_count"])
-        for r in parts) if parts else comm_slowdown)
+        for r in parts) if parts else None)
     compute_cpu_slowdown = contention.get("compute_cpu_slowdown") or (statistics.median(
         fit_compute_cpu_slowdown(r["alone_cpu_s"], r["beside_compute_cpu_s"], len(r["beside"]))
-        for r in parts) if parts else 1.0)
+        for r in parts) if parts else None)
+    if cpu_factors and comm_cpu_slowdown is None:
+        raise ValueError("--cpu-factors: the file records no CPU of the contention measurement's parts")
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
@@ -101,9 +104,11 @@ def resimulate(data) -> None:
         prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"],
                                 contention["compute_slowdown"], chosen=run.get("auto_options"),
                                 comm_slowdown=comm_slowdown, planned=planned, names=names, host_ms=host_ms,
-                                host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
-                                compute_cpu_slowdown=compute_cpu_slowdown)
+                                host_ms_per_mib=host_ms_per_mib,
+                                comm_cpu_slowdown=comm_cpu_slowdown if cpu_factors else None,
+                                compute_cpu_slowdown=compute_cpu_slowdown if cpu_factors else 1.0)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
+        run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
                       compute_cpu_slowdown=compute_cpu_slowdown)
 
@@ -125,12 +130,12 @@ def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: 
     raise ValueError(f"{name}: no unit of {UNITS_MB} MiB lays out the run's {buckets} buckets")
 
 
-def summarise(path: Path, again: bool = False):
+def summarise(path: Path, again: bool = False, cpu_factors: bool = False):
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "runs" not in data:
         return None  # not a train_bench.py file (a timeline)
     if again:
-        resimulate(data)
+        resimulate(data, cpu_factors)
     runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
     candidates = {n: r for n, r in runs.items() if is_candidate(n) and r.get("predicted_ms")}
     if not candidates:
@@ -162,8 +167,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--resimulate", action="store_true", help="predict again with this checkout's simulator")
+    parser.add_argument("--cpu-factors", action="store_true",
+                        help="with --resimulate: charge the CPU bound's parts at their measured CPU factors (nu, mu) "
+                             "instead of lambda (files that record them)")
     args = parser.parse_args()
-    rows = [r for r in (summarise(f, args.resimulate) for f in args.files) if r]
+    if args.cpu_factors and not args.resimulate:
+        parser.error("--cpu-factors needs --resimulate")
+    rows = [r for r in (summarise(f, args.resimulate, args.cpu_factors) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
     print("| row | κ | λ | ν | μ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")

@@ -382,7 +382,7 @@ def host_cpu_of(layouts, share):
 
 
 def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
-               planned=None, names=None, host_ms=None, host_ms_per_mib=None, comm_cpu_slowdown=1.0,
+               planned=None, names=None, host_ms=None, host_ms_per_mib=None, comm_cpu_slowdown=None,
                compute_cpu_slowdown=1.0):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
@@ -395,8 +395,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     planned (``planned``: blocks, priorities and delays by parameter name,
     and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``
     and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
-    (host_cpu_of), ``comm_cpu_slowdown`` times that beside compute, and
-    compute's CPU ``compute_cpu_slowdown`` times beside collectives."""
+    (host_cpu_of), charged in the CPU bound at ``comm_cpu_slowdown`` (None:
+    ``comm_slowdown``), the compute beside them at ``compute_cpu_slowdown``."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -801,8 +801,7 @@ def main():
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
                                        comm_slowdown=comm_slowdown, planned=planned,
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
-                                       host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
-                                       compute_cpu_slowdown=compute_cpu_slowdown)
+                                       host_ms_per_mib=host_ms_per_mib)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
@@ -851,8 +850,8 @@ def main():
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
               f"x {share:.2f}, the ranks over the cores; the iteration takes at least the compute and "
-              f"{comm_cpu_slowdown:.2f}x that CPU, and compute's CPU {compute_cpu_slowdown:.2f}x where beside "
-              "them: each one's CPU beside the other over alone)")
+              f"{comm_slowdown:.2f}x that CPU; measured beside each other, the collectives' CPU is "
+              f"{comm_cpu_slowdown:.2f}x theirs alone and the compute's {compute_cpu_slowdown:.2f}x)")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]

@@ -318,8 +318,7 @@ class AutoPlan:
                 + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in KINDS)
                 + " ms (reduce-scatter/all-gather/all-reduce), and the host CPU "
                 + "/".join(f"{self.network.host_ms_per_mib.get(k, 0.0):.3f}" for k in KINDS)
-                + f" ms per MiB more, {self.network.comm_cpu_slowdown:.2f}x that beside compute and compute's "
-                f"{self.network.compute_cpu_slowdown:.2f}x beside them: a bound on the iteration)" + trials)
+                + " ms per MiB more, a bound on the iteration)" + trials)
 
 
 def _describe(options: Dict[str, Any]) -> str:
@@ -588,9 +587,7 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
                     logger.info("dearcomm: contention not measured (%s); taken as none", e)
                 else:
                     network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
-                                                  comm_slowdown=measured["comm_slowdown"],
-                                                  comm_cpu_slowdown=measured["comm_cpu_slowdown"],
-                                                  compute_cpu_slowdown=measured["compute_cpu_slowdown"])
+                                                  comm_slowdown=measured["comm_slowdown"])
         return profile, network
     finally:
         runtime.planning = False

@@ -19,16 +19,16 @@ The other direction (Network.comm_slowdown, λ): the same benchmark times the
 collective alone and back to back beside the compute loop, which covers it
 whole; fit_comm_slowdown() takes the ratio of the medians (at least 1).
 
-And the CPU each takes beside the other, for the simulator's CPU bound:
-the collectives' (Network.comm_cpu_slowdown, ν: the process's CPU per
-all-reduce beside compute, all of it less the compute's, over its CPU
-alone; fit_comm_cpu_slowdown()) and the compute's (Network.
-compute_cpu_slowdown, μ: the compute thread's CPU per iteration beside
-collectives over alone; fit_compute_cpu_slowdown()), each at least 1.
-Neither is its wall factor: on loopback, 2 ranks on 2 cores, an all-reduce's
-wall stretched 1.5-2.1x beside compute where its CPU grew 1.02-1.14x, and a
-bound that charged the collectives' CPU at λ over-predicted the rows where
-they are a large share of the CPU.
+And the CPU each takes beside the other: the collectives' (ν: the
+process's CPU per all-reduce beside compute, all of it less the compute's,
+over its CPU alone; fit_comm_cpu_slowdown()) and the compute's (μ: the
+compute thread's CPU per iteration beside collectives over alone;
+fit_compute_cpu_slowdown()), each at least 1, and the whole machine's CPU
+over the phases. Neither is its wall factor: on loopback, 2 ranks on 2
+cores, an all-reduce's wall stretched 1.2-2.1x beside compute where its CPU
+grew 1.0-1.3x. The simulator's CPU bound can charge each part at them
+(Network.comm_cpu_slowdown, compute_cpu_slowdown); by default it charges
+the collectives' CPU at λ, which predicted the loopback rows better.
 
     fit = dearcomm.fit_compute_slowdown("results/contention.json")
     network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)

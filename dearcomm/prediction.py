@@ -125,13 +125,16 @@ class Network:
     (Prediction.cpu_ms). 0 where collectives run elsewhere (a GPU) or on
     cores the compute leaves free ("ordered_all_reduce": the "all_reduce"'s
     unless given).
-    ``comm_cpu_slowdown``: how many times its CPU alone a collective's CPU
-    takes beside compute, in that bound (the same benchmark measures it): on
-    loopback 1.02-1.14 where comm_slowdown, its wall, read 1.5-2.1.
-    ``compute_cpu_slowdown``: how many times its CPU alone compute takes
-    beside a collective (caches and memory shared with gloo's summing), in
-    that bound for the compute the simulated device runs beside one: 1.02-1.07
-    there. Both 1 where the bound does not apply."""
+    ``comm_cpu_slowdown``: the factor that bound charges the collectives'
+    CPU at; None (the default): comm_slowdown, the wall they take beside
+    compute (DDP's backward grows by about that times its all-reduce alone).
+    Their CPU beside compute over alone (ν, dearcomm.fit_comm_cpu_slowdown)
+    is smaller (1.0-1.3 on loopback where comm_slowdown read 1.2-2.1), and
+    charged at it the bound left the loopback rows short: the process also
+    loses wall beside its CPU (docs/benchmarks.md).
+    ``compute_cpu_slowdown``: how many times its work the bound counts the
+    compute the simulated device runs beside a collective (μ, its CPU beside
+    collectives over alone, dearcomm.fit_compute_cpu_slowdown); 1 by default."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -140,7 +143,7 @@ class Network:
     all_reduce_lanes: int = 1
     host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     host_ms_per_mib: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    comm_cpu_slowdown: float = 1.0
+    comm_cpu_slowdown: Optional[float] = None
     compute_cpu_slowdown: float = 1.0
 
     def host_costs(self) -> Dict[str, float]:
@@ -294,8 +297,9 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         delays = [checked_delay(d, options.effective_max_delay, f"delays[{i}]") for i, d in enumerate(delays)]
         choice = choice.with_bucket_delays(bucket_delays(layout, delays))
     costs = network.costs()
+    cpu_factor = network.comm_slowdown if network.comm_cpu_slowdown is None else network.comm_cpu_slowdown
     for name in ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown"):
-        factor = getattr(network, name)
+        factor = cpu_factor if name == "comm_cpu_slowdown" else getattr(network, name)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
                 or factor < 1:
             raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
@@ -305,7 +309,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
-                      network.host_costs_per_byte(), float(network.comm_cpu_slowdown),
+                      network.host_costs_per_byte(), float(cpu_factor),
                       float(network.compute_cpu_slowdown))
     ms = 1e3
 

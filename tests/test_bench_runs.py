@@ -113,3 +113,20 @@ def test_the_noise_report_measures_what_it_is_given(tmp_path):
     runs, rows_met = prediction_noise.exact_model_scores([10, 10], 0.5, 0.0)
     assert runs < 10 and rows_met < 0.5
     assert prediction_noise.cpu_predicted(rows)[paths[0]] == {"wfbp": pytest.approx(0.10)}
+    assert prediction_noise.machine_share(rows) == {}  # no machine CPU recorded
+
+
+def test_the_machine_share_is_the_cores_neither_idle_nor_in_softirq(tmp_path):
+    import json
+
+    import prediction_noise
+
+    # 2 cores over 1 s: 0.1 s idle and 0.1 s of softirq leave the ranks 90%; two rounds alike.
+    machine = dict(busy=1.9, softirq=0.1, idle=0.1, wall=1.0)
+    data = dict(runs={"ddp": dict(median_ms=111.0, cpu_ms=100.0), "wfbp": dict(median_ms=113.0, cpu_ms=100.0),
+                      "auto": dict(median_ms=115.0, cpu_ms=100.0)},
+                contention=dict(rounds=[dict(beside_machine_s=machine), dict(beside_machine_s=machine)]))
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(data))
+    (ratio, share), = prediction_noise.machine_share(prediction_noise.load([path])).values()
+    assert ratio == pytest.approx(1.13) and share == pytest.approx(1 / 0.9)

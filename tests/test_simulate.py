@@ -253,7 +253,11 @@ def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline(
     assert p.timeline_ms == pytest.approx(11.0 + 3 * 0.5)
     assert p.cpu_ms == pytest.approx(11.0 + 3 * 2 * (0.5 + 4.0))
     assert p.iteration_ms == pytest.approx(p.cpu_ms)
-    # The collectives' wall stretch beside compute (comm_slowdown) is not their CPU: the bound ignores it.
+    # Unset, the factor is comm_slowdown's (the collectives' wall beside compute).
+    walled = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, bucket_mb=0, step_ms=2.0,
+                               network=dataclasses.replace(fast, comm_cpu_slowdown=None, comm_slowdown=1.5))
+    assert walled.cpu_ms == pytest.approx(11.0 + 3 * 1.5 * (0.5 + 4.0))
+    # Given, it replaces comm_slowdown in the bound (which then charges their CPU, not their wall).
     stretched = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, bucket_mb=0, step_ms=2.0,
                                   network=dataclasses.replace(fast, comm_slowdown=3.0, comm_cpu_slowdown=1.0))
     assert stretched.cpu_ms == pytest.approx(11.0 + 3 * (0.5 + 4.0))

@@ -18,11 +18,9 @@
 // not stretch the timeline (compute_slowdown carries that beside the
 // collectives); it bounds it: an iteration takes at least its compute work
 // plus its collectives' CPU, `comm_cpu_slowdown` times what they take alone
-// (their CPU beside compute over alone, measured: their wall stretches by
-// comm_slowdown, their CPU far less), where the ranks fill the cores
-// (Result::cpu_s); compute beside a collective counts `compute_cpu_slowdown`
-// times its work (its CPU beside collectives over alone: caches and memory
-// shared with the summing).
+// (Python passes comm_slowdown unless told otherwise), where the ranks fill
+// the cores (Result::cpu_s); compute beside a collective counts
+// `compute_cpu_slowdown` times its work (1 unless told otherwise).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
