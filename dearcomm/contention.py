@@ -137,12 +137,8 @@ def fit_comm_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, bes
     compute, from the process's CPU of single all-reduces alone (seconds; the
     ``comm_alone_cpu_s`` list) and the CPU the collectives took over
     ``beside_count`` of them beside compute (``beside_comm_cpu_s``)."""
-    if not alone_cpu_s or not isinstance(beside_count, int) or isinstance(beside_count, bool) or beside_count < 1:
-        raise ValueError("dearcomm: fit_comm_cpu_slowdown needs a collective's CPU alone and the count of those "
-                         f"beside compute (got {len(alone_cpu_s or [])} alone, count {beside_count!r})")
-    alone = statistics.median(_positive(t, "a collective's CPU alone") for t in alone_cpu_s)
-    _check_number("the collectives' CPU beside compute", beside_cpu_s, allow_zero=True)
-    return max(1.0, beside_cpu_s / beside_count / alone)
+    return _cpu_ratio("fit_comm_cpu_slowdown", "a collective's CPU alone", "the collectives' CPU beside compute",
+                      alone_cpu_s, beside_cpu_s, beside_count)
 
 
 def fit_compute_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, beside_iterations: int) -> float:
@@ -150,13 +146,19 @@ def fit_compute_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, 
     from the compute thread's CPU of iterations alone (seconds; the
     ``alone_cpu_s`` list) and its CPU over ``beside_iterations`` iterations
     beside collectives (``beside_compute_cpu_s``)."""
-    if not alone_cpu_s or not isinstance(beside_iterations, int) or isinstance(beside_iterations, bool) \
-            or beside_iterations < 1:
-        raise ValueError("dearcomm: fit_compute_cpu_slowdown needs compute's CPU alone and the count of iterations "
-                         f"beside collectives (got {len(alone_cpu_s or [])} alone, count {beside_iterations!r})")
-    alone = statistics.median(_positive(t, "a compute iteration's CPU alone") for t in alone_cpu_s)
-    _check_number("the compute's CPU beside collectives", beside_cpu_s, allow_zero=True)
-    return max(1.0, beside_cpu_s / beside_iterations / alone)
+    return _cpu_ratio("fit_compute_cpu_slowdown", "a compute iteration's CPU alone",
+                      "the compute's CPU beside collectives", alone_cpu_s, beside_cpu_s, beside_iterations)
+
+
+def _cpu_ratio(fit: str, alone_what: str, beside_what: str, alone_cpu_s: Sequence[float], beside_cpu_s: float,
+               count: int) -> float:
+    """CPU per call beside over the median alone, at least 1."""
+    if not alone_cpu_s or not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"dearcomm: {fit} needs CPU times alone and the count of calls beside "
+                         f"(got {len(alone_cpu_s or [])} alone, count {count!r})")
+    alone = statistics.median(_positive(t, alone_what) for t in alone_cpu_s)
+    _check_number(beside_what, beside_cpu_s, allow_zero=True)
+    return max(1.0, beside_cpu_s / count / alone)
 
 
 # ---- measuring ------------------------------------------------------------------
