@@ -86,6 +86,7 @@ from models import MODELS, fresh  # noqa: E402
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
+from dearcomm.contention import machine_cpu_s  # noqa: E402
 from dearcomm.host_cost import cores_share, fit_host_cpu  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
@@ -219,10 +220,10 @@ def run_names(args):
 
 def machine_ms():
     """(busy, softirq) ms of the whole machine so far, from /proc/stat."""
-    with open("/proc/stat") as f:
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    tick = 1e3 / os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) * tick, (irq + softirq) * tick
+    machine = machine_cpu_s()
+    if machine is None:
+        raise RuntimeError("train_bench.py reads the machine's CPU from /proc/stat (Linux)")
+    return machine["busy"] * 1e3, machine["softirq"] * 1e3
 
 
 def allocator_policy() -> str:
