@@ -69,6 +69,13 @@ def slowest(seconds: float) -> float:
     return t.item()
 
 
+def all_ranks(values: list) -> list:
+    """Every rank's list, by rank (every rank calls it)."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, list(values))
+    return gathered
+
+
 def iterations_for(nbytes: int, budget_bytes: float = 4e8, lo: int = 3, hi: int = 30) -> int:
     return int(max(lo, min(hi, budget_bytes // max(nbytes, 1))))
 

@@ -78,7 +78,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import slowest, write_json  # noqa: E402
+from common import all_ranks, slowest, write_json  # noqa: E402
 from contention import measure as measure_contention  # noqa: E402
 from bo_tuner import TRIALS, live_measure, tune_bucket_mb  # noqa: E402
 from models import MODELS, fresh  # noqa: E402
@@ -218,12 +218,12 @@ def run_names(args):
     return names
 
 
-def machine_ms():
-    """(busy, softirq) ms of the whole machine so far, from /proc/stat."""
+def machine_ms() -> dict:
+    """The whole machine's busy, softirq and idle ms so far, from /proc/stat."""
     machine = machine_cpu_s()
     if machine is None:
         raise RuntimeError("train_bench.py reads the machine's CPU from /proc/stat (Linux)")
-    return machine["busy"] * 1e3, machine["softirq"] * 1e3
+    return {k: v * 1e3 for k, v in machine.items()}
 
 
 def allocator_policy() -> str:
@@ -753,7 +753,7 @@ def main():
 
     times = {name: [] for name in runs}
     cpus = {name: [] for name in runs}
-    sirq = {name: [] for name in runs}
+    machine = {name: [] for name in runs}  # per iteration: the machine's busy, softirq, idle ms
     faults = {name: [] for name in runs}
     phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
@@ -764,7 +764,8 @@ def main():
             times[name].append(time.perf_counter() - start)
             faults[name].append(minor_faults() - f0)
             cpus[name].append(time.process_time() - c0)
-            sirq[name].append(machine_ms()[1] - m0[1])
+            m1 = machine_ms()
+            machine[name].append({k: m1[k] - m0[k] for k in m0})
             bar.update()
     load1 = os.getloadavg()
     profile = dearcomm.TrainingProfile.median_of(profiles)
@@ -810,7 +811,12 @@ def main():
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),
-                          softirq_ms=statistics.median(sirq[name]), buckets=c["buckets"],
+                          softirq_ms=statistics.median(m["softirq"] for m in machine[name]), buckets=c["buckets"],
+                          # Means over this rank's iterations (/proc/stat counts 10 ms ticks: a median
+                          # of one iteration's reads mostly 0), and every rank's CPU per iteration in
+                          # order: what the wall beyond the CPU is made of (prediction_noise.py reads them).
+                          machine_ms={k: statistics.fmean(m[k] for m in machine[name]) for k in machine[name][0]},
+                          cpu_iterations_ms=[[1e3 * x for x in r] for r in all_ranks(cpus[name])],
                           minor_faults=slowest(statistics.median(faults[name])),
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in COMM_KEYS},
