@@ -24,7 +24,13 @@ Three measurements, every one from the files alone:
   4. Where the contention measurement records the whole machine's CPU:
      each row's iteration over CPU against 1 / the share of the cores
      neither idle nor in softirq while collectives ran beside compute.
-  5. Where a file stores each run's predicted CPU (the simulated device's
+  5. Where a file records the machine's CPU per iteration and every rank's
+     CPU per iteration: what the wall beyond the CPU is made of. The
+     machine's cores over an iteration split into the ranks' CPU, softirq,
+     idle and the rest (other processes); and the iteration against the
+     slowest rank's CPU that iteration (the ranks meet every iteration),
+     with how far that slowest rank's lies above the ranks' mean.
+  6. Where a file stores each run's predicted CPU (the simulated device's
      bound, predicted_cpu_ms): that against the run's measured CPU, per row,
      so a change of the model's CPU can be checked against the CPU itself.
 """
@@ -156,6 +162,33 @@ def machine_share(rows):
     return out
 
 
+def wall_parts(rows):
+    """Per row whose runs record machine_ms and cpu_iterations_ms, the
+    medians over its runs of: the shares of the machine's cores (busy + idle)
+    over an iteration that were the ranks' CPU, softirq, idle and the rest;
+    the iteration over the ranks' mean CPU; the slowest rank's CPU in each
+    iteration over the ranks' mean (the spread the meeting costs); the
+    iteration over that slowest rank's CPU."""
+    out = {}
+    for path, data in rows:
+        parts = []
+        for r in data["runs"].values():
+            if not r.get("machine_ms") or not r.get("cpu_iterations_ms") or not r.get("iterations_ms"):
+                continue
+            ranks, walls, m = r["cpu_iterations_ms"], r["iterations_ms"], r["machine_ms"]
+            n = min(len(walls), *map(len, ranks))
+            wall, cores = statistics.fmean(walls), m["busy"] + m["idle"]
+            mean_cpu = statistics.fmean(statistics.fmean(c) for c in ranks)
+            slowest = statistics.fmean(max(c[i] for c in ranks) for i in range(n))
+            cpu = mean_cpu * len(ranks)
+            parts.append(dict(cpu=cpu / cores, softirq=m["softirq"] / cores, idle=m["idle"] / cores,
+                              rest=(m["busy"] - m["softirq"] - cpu) / cores, over_mean=wall / mean_cpu,
+                              slowest=slowest / mean_cpu, over_slowest=wall / slowest))
+        if parts:
+            out[path] = (len(parts), {k: statistics.median(p[k] for p in parts) for k in parts[0]})
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
@@ -195,6 +228,20 @@ def main():
         print("|---|---|---|---|")
         for path, (ratio, share) in shares.items():
             print(f"| {path.parent.name}/{path.stem} | {ratio:.3f} | {share:.3f} | {share / ratio - 1:+.1%} |")
+        print()
+
+    parts = wall_parts(rows)
+    if parts:
+        print("## What the iteration's wall beyond the CPU is made of\n")
+        print("Per iteration, the machine's cores (busy + idle) split into the ranks' CPU, softirq, idle and the "
+              "rest; the iteration over the ranks' mean CPU, over the slowest rank's CPU that iteration, and "
+              "that slowest rank's over the mean (medians of the row's runs):\n")
+        print("| row | runs | ranks' CPU | softirq | idle | rest | iteration / mean CPU | slowest / mean "
+              "| iteration / slowest |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for path, (n, p) in parts.items():
+            print(f"| {path.parent.name}/{path.stem} | {n} | {p['cpu']:.1%} | {p['softirq']:.1%} | {p['idle']:.1%} "
+                  f"| {p['rest']:+.1%} | {p['over_mean']:.3f} | {p['slowest']:.3f} | {p['over_slowest']:.3f} |")
         print()
 
     again, ddp_wfbp = pairs(rows)

@@ -130,3 +130,20 @@ def test_the_machine_share_is_the_cores_neither_idle_nor_in_softirq(tmp_path):
     path.write_text(json.dumps(data))
     (ratio, share), = prediction_noise.machine_share(prediction_noise.load([path])).values()
     assert ratio == pytest.approx(1.13) and share == pytest.approx(1 / 0.9)
+
+
+def test_the_wall_parts_split_the_cores_and_find_the_slowest_rank(tmp_path):
+    import json
+
+    import prediction_noise
+
+    # 2 ranks on 2 cores, two iterations of 100 ms: 200 ms of cores, of it 170 the ranks' CPU
+    # (rank 0 90 then 80, rank 1 80 then 90), 10 softirq, 16 idle, 4 another process's.
+    run = dict(iterations_ms=[100.0, 100.0], cpu_iterations_ms=[[90.0, 80.0], [80.0, 90.0]],
+               machine_ms=dict(busy=184.0, softirq=10.0, idle=16.0), median_ms=100.0, cpu_ms=85.0)
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(dict(runs={"wfbp": run, "ddp": dict(median_ms=100.0, cpu_ms=85.0)})))
+    (n, p), = prediction_noise.wall_parts(prediction_noise.load([path])).values()
+    assert n == 1  # ddp records neither
+    assert p == pytest.approx(dict(cpu=0.85, softirq=0.05, idle=0.08, rest=0.02, over_mean=100 / 85,
+                                   slowest=90 / 85, over_slowest=100 / 90))
