@@ -12,7 +12,8 @@ alone, both contention factors: compute beside collectives and collectives
 beside compute, the second also the factor the CPU bound charges the
 collectives' CPU at (with --cpu-factors, files that record each part's CPU
 charge it at ν and the compute beside them at μ, their CPU beside the other
-over alone); usbyte's and deft's plans where the file has them; each
+over alone, and take the slowest rank's iteration, from the compute's
+spread alone); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
 layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
@@ -63,7 +64,8 @@ def resimulate(data, cpu_factors: bool = False) -> None:
     import torch
 
     import dearcomm
-    from dearcomm.contention import fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown
+    from dearcomm.contention import (fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown,
+                                     fit_iteration_cv)
     from dearcomm.host_cost import cores_share
 
     profile = dearcomm.TrainingProfile.from_dict(data["profile"])
@@ -80,6 +82,12 @@ def resimulate(data, cpu_factors: bool = False) -> None:
     compute_cpu_slowdown = contention.get("compute_cpu_slowdown") or (statistics.median(
         fit_compute_cpu_slowdown(r["alone_cpu_s"], r["beside_compute_cpu_s"], len(r["beside"]))
         for r in parts) if parts else None)
+    # The compute's spread alone (the ranks meet every iteration): as recorded, or from the rounds' iterations.
+    timed = [r for r in contention.get("rounds", []) if r.get("alone_s")] or \
+        ([contention] if contention.get("alone_s") else [])
+    iteration_cv = contention.get("iteration_cv")
+    if iteration_cv is None:
+        iteration_cv = statistics.median(fit_iteration_cv(r["alone_s"]) for r in timed) if timed else 0.0
     if cpu_factors and comm_cpu_slowdown is None:
         raise ValueError("--cpu-factors: the file records no CPU of the contention measurement's parts")
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
@@ -106,11 +114,12 @@ def resimulate(data, cpu_factors: bool = False) -> None:
                                 comm_slowdown=comm_slowdown, planned=planned, names=names, host_ms=host_ms,
                                 host_ms_per_mib=host_ms_per_mib,
                                 comm_cpu_slowdown=comm_cpu_slowdown if cpu_factors else None,
-                                compute_cpu_slowdown=compute_cpu_slowdown if cpu_factors else 1.0)
+                                compute_cpu_slowdown=compute_cpu_slowdown if cpu_factors else 1.0,
+                                iteration_cv=iteration_cv if cpu_factors else 0.0)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
-                      compute_cpu_slowdown=compute_cpu_slowdown)
+                      compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
 
 
 def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: int) -> float:

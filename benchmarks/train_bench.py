@@ -384,7 +384,7 @@ def host_cpu_of(layouts, share):
 
 def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
                planned=None, names=None, host_ms=None, host_ms_per_mib=None, comm_cpu_slowdown=None,
-               compute_cpu_slowdown=1.0):
+               compute_cpu_slowdown=1.0, iteration_cv=0.0):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -397,7 +397,8 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``
     and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
     (host_cpu_of), charged in the CPU bound at ``comm_cpu_slowdown`` (None:
-    ``comm_slowdown``), the compute beside them at ``compute_cpu_slowdown``."""
+    ``comm_slowdown``), the compute beside them at ``compute_cpu_slowdown``, the
+    ranks meeting every iteration with ``iteration_cv`` (Network's)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -427,7 +428,7 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
                                comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms,
                                host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
-                               compute_cpu_slowdown=compute_cpu_slowdown)
+                               compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
     extra = {}
     if planned is not None and schedule in PLANNED_SCHEDULES:
         bucket_mb = planned.get("bucket_mb", bucket_mb)
@@ -773,11 +774,12 @@ def main():
     comm_slowdown = statistics.median(c["comm_slowdown"] for c in contentions)
     comm_cpu_slowdown = statistics.median(c["comm_cpu_slowdown"] for c in contentions)
     compute_cpu_slowdown = statistics.median(c["compute_cpu_slowdown"] for c in contentions)
+    iteration_cv = statistics.median(c["iteration_cv"] for c in contentions)
     # The first round's timings (what --resimulate reads), the medians, and every round's
     # factors with their timings (to compare estimators offline).
     contention = dict(contentions[0], compute_slowdown=slowdown, comm_slowdown=comm_slowdown,
                       comm_cpu_slowdown=comm_cpu_slowdown, compute_cpu_slowdown=compute_cpu_slowdown,
-                      rounds=[dict(c) for c in contentions])
+                      iteration_cv=iteration_cv, rounds=[dict(c) for c in contentions])
     # The lower bound's and the ideal's compute: the profile's, taken across the
     # rounds like the runs (one measurement at the start has read twice the forward).
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
@@ -803,7 +805,8 @@ def main():
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
                                        comm_slowdown=comm_slowdown, planned=planned,
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
-                                       host_ms_per_mib=host_ms_per_mib)
+                                       host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
+                                       compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
@@ -856,9 +859,10 @@ def main():
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
-              f"x {share:.2f}, the ranks over the cores; the iteration takes at least the compute and "
-              f"{comm_slowdown:.2f}x that CPU; measured beside each other, the collectives' CPU is "
-              f"{comm_cpu_slowdown:.2f}x theirs alone and the compute's {compute_cpu_slowdown:.2f}x)")
+              f"x {share:.2f}, the ranks over the cores; measured beside each other, the collectives' CPU is "
+              f"{comm_cpu_slowdown:.2f}x theirs alone and the compute's {compute_cpu_slowdown:.2f}x: the iteration "
+              f"takes at least that CPU, the slowest of {world} ranks' whose compute varies by "
+              f"{iteration_cv:.1%})")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]

@@ -20,13 +20,14 @@ else:
     from ._wrap import wrap
     from .prediction import ModuleProfile, Network, Prediction, simulate
     from .profiler import TrainingProfile, profile
-    from .contention import fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown
+    from .contention import (fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown,
+                             fit_iteration_cv)
     from .autotune import Plan, plan
 
 __version__ = "0.1.0"
 __all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
            "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile", "fit_compute_slowdown",
-           "fit_comm_slowdown", "fit_comm_cpu_slowdown", "fit_compute_cpu_slowdown", "plan", "Plan",
+           "fit_comm_slowdown", "fit_comm_cpu_slowdown", "fit_compute_cpu_slowdown", "fit_iteration_cv", "plan", "Plan",
            "fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS"]
 
 _NETWORK_FIT = ("fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS")

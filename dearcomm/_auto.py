@@ -69,7 +69,7 @@ from torch import nn
 
 from . import autotune, deft
 from ._options import WrapOptions
-from .contention import NotFitted, measure_contention
+from .contention import NotFitted, measure_contention, with_contention
 from ._lockstep import PeerFailed
 from .prediction import KINDS, Network, bucket_layout
 from .network_probe import probe_network
@@ -586,8 +586,7 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
                     # sharing (a small model on a fast link): it hardly matters there.
                     logger.info("dearcomm: contention not measured (%s); taken as none", e)
                 else:
-                    network = dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
-                                                  comm_slowdown=measured["comm_slowdown"])
+                    network = with_contention(network, measured)
         return profile, network
     finally:
         runtime.planning = False

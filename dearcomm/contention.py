@@ -26,10 +26,17 @@ compute thread's CPU per iteration beside collectives over alone;
 fit_compute_cpu_slowdown()), each at least 1, and the whole machine's CPU
 over the phases. Neither is its wall factor: on loopback, 2 ranks on 2
 cores, an all-reduce's wall stretched 1.2-2.1x beside compute where its CPU
-grew 1.0-1.3x. The simulator's CPU bound can charge each part at them
-(Network.comm_cpu_slowdown, compute_cpu_slowdown); by default it charges
-the collectives' CPU at λ, which met more loopback rows (14 against 12 of
-20 over five runs) though fewer runs (179 against 184 of 200).
+grew 1.0-1.3x. The simulator's CPU bound charges each part at them
+(Network.comm_cpu_slowdown, compute_cpu_slowdown).
+
+And how much a compute iteration varies (fit_iteration_cv: the standard
+deviation of the iterations alone over their mean): the ranks meet every
+iteration, so one takes the slowest rank's (Network.iteration_cv).
+with_contention() puts every factor measured into a Network: what wrap()'s
+"auto" and the benchmarks predict with. Charged at ν and μ with that
+spread, the bound met 318 of 336 loopback runs and 21 of 28 rows within
+10% over seven runs; charged at λ without it, 308 and 20
+(docs/benchmarks.md).
 
     fit = dearcomm.fit_compute_slowdown("results/contention.json")
     network = dataclasses.replace(dearcomm.network_preset("10gbe"), compute_slowdown=fit.slowdown)
@@ -151,6 +158,24 @@ def fit_compute_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, 
                       "the compute's CPU beside collectives", alone_cpu_s, beside_cpu_s, beside_iterations)
 
 
+def fit_iteration_cv(alone_s: Sequence[float]) -> float:
+    """How much one rank's compute iteration varies: the standard deviation
+    of its times alone (seconds; the ``alone_s`` list, every rank starting
+    each iteration together) over their mean; 0 under two."""
+    times = [_positive(t, "a compute time alone") for t in alone_s]
+    return statistics.pstdev(times) / statistics.fmean(times) if len(times) >= 2 else 0.0
+
+
+def with_contention(network, measured: dict):
+    """``network`` (a dearcomm.Network) with the factors measure_contention()
+    (or the medians of several) gave: κ, λ, ν, μ and the compute's cv."""
+    return dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
+                               comm_slowdown=measured["comm_slowdown"],
+                               comm_cpu_slowdown=measured["comm_cpu_slowdown"],
+                               compute_cpu_slowdown=measured["compute_cpu_slowdown"],
+                               iteration_cv=measured["iteration_cv"])
+
+
 def _cpu_ratio(fit: str, alone_what: str, beside_what: str, alone_cpu_s: Sequence[float], beside_cpu_s: float,
                count: int) -> float:
     """CPU per call beside over the median alone, at least 1."""
@@ -228,7 +253,8 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
     (the others a ValueError naming that rank and its error) instead of
     waiting for it. Returns the timings (seconds) and the factors fitted
     (compute_slowdown κ, comm_slowdown λ, comm_cpu_slowdown ν,
-    compute_cpu_slowdown μ); NotFitted where this rank's timings fit no κ
+    compute_cpu_slowdown μ, and iteration_cv: the compute iterations'
+    spread alone, fit_iteration_cv); NotFitted where this rank's timings fit no κ
     or λ, once every rank is done with the collectives (ν and μ are 1 where
     a CPU clock read 0).
     Also the CPU each part took (seconds): each compute iteration alone
@@ -276,6 +302,7 @@ def measure_contention(compute: Callable[[], None], group: Optional[dist.Process
                                                                      len(timings["beside"])))
     except ValueError:  # a CPU clock that read 0: the bound then charges each as alone
         factors.update(comm_cpu_slowdown=1.0, compute_cpu_slowdown=1.0)
+    factors.update(iteration_cv=fit_iteration_cv(timings["alone_s"]))
     return dict(timings, **factors)
 
 

@@ -1,6 +1,7 @@
 """fit_compute_slowdown(): the simulator's compute slowdown beside collectives,
 recovered from timings (dearcomm/contention.py, benchmarks/contention.py)."""
 import json
+import math
 import os
 import random
 import statistics
@@ -8,7 +9,8 @@ import statistics
 import pytest
 
 import dearcomm
-from dearcomm.contention import collectives_cpu, fit_comm_cpu_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown
+from dearcomm.contention import (collectives_cpu, fit_comm_cpu_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown,
+                                 fit_iteration_cv, with_contention)
 from tests.multiprocess import run_workers
 
 WORK_S = 0.010
@@ -201,6 +203,7 @@ def test_the_cpu_of_compute_and_of_the_collectives_is_recorded_apart():
             m["comm_alone_cpu_s"], m["beside_comm_cpu_s"], m["beside_comm_count"])) and m["comm_cpu_slowdown"] >= 1
         assert m["compute_cpu_slowdown"] == pytest.approx(fit_compute_cpu_slowdown(
             m["alone_cpu_s"], m["beside_compute_cpu_s"], len(m["beside"]))) and m["compute_cpu_slowdown"] >= 1
+        assert m["iteration_cv"] == pytest.approx(fit_iteration_cv(m["alone_s"])) and m["iteration_cv"] > 0
 
 
 def test_comm_cpu_slowdown_is_the_cpu_per_collective_beside_over_alone_and_never_below_one():
@@ -223,6 +226,22 @@ def test_compute_cpu_slowdown_is_the_cpu_per_iteration_beside_over_alone_and_nev
             fit_compute_cpu_slowdown(alone, beside, count)
     with pytest.raises(ValueError, match="a compute iteration's CPU alone must be a positive"):
         fit_compute_cpu_slowdown([-0.01], 0.1, 2)
+
+
+def test_iteration_cv_is_the_spread_of_the_iterations_alone_over_their_mean():
+    assert fit_iteration_cv([0.09, 0.11, 0.10, 0.10]) == pytest.approx(math.sqrt(0.01 ** 2 * 2 / 4) / 0.10)
+    assert fit_iteration_cv([0.1, 0.1]) == 0.0 and fit_iteration_cv([0.1]) == 0.0
+    with pytest.raises(ValueError, match="a compute time alone must be a positive"):
+        fit_iteration_cv([0.1, 0.0])
+
+
+def test_with_contention_puts_every_measured_factor_into_the_network():
+    measured = dict(compute_slowdown=1.5, comm_slowdown=1.8, comm_cpu_slowdown=1.1, compute_cpu_slowdown=1.02,
+                    iteration_cv=0.04, alone_s=[0.1])
+    network = with_contention(dearcomm.Network(alpha_us=5.0, gbit_s=1.0), measured)
+    assert (network.compute_slowdown, network.comm_slowdown, network.comm_cpu_slowdown,
+            network.compute_cpu_slowdown, network.iteration_cv) == (1.5, 1.8, 1.1, 1.02, 0.04)
+    assert (network.alpha_us, network.gbit_s) == (5.0, 1.0)
 
 
 def test_the_collectives_cpu_beside_takes_out_the_compute_pools_share():

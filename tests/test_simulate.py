@@ -302,6 +302,35 @@ def test_compute_beside_a_collective_counts_compute_cpu_slowdown_times_its_work_
     assert alone.cpu_ms == pytest.approx(11 + 3 * 4.0)
 
 
+def test_the_ranks_meeting_every_iteration_take_the_slowest_ranks_bound():
+    """Network.iteration_cv = 0.1: where the host CPU bounds the iteration
+    (the test above's 20 ms of CPU), it takes 1 + 0.1 x the expected largest
+    of world_size standard normals times that; the CPU itself and a timeline
+    that is the longer stay as they are."""
+    mib_profile = [ModuleProfile(f"m{i}", 1.0, 2.0, [MIB // 4]) for i in range(3)]
+    fast = Network(alpha_us=0.0, gbit_s=math.inf, host_ms={"all_reduce": 0.5}, host_ms_per_mib={"all_reduce": 4.0},
+                   comm_cpu_slowdown=1.0)
+    spread = dataclasses.replace(fast, iteration_cv=0.1)
+    for world, slowest in ((2, 1 / math.sqrt(math.pi)), (3, 1.5 / math.sqrt(math.pi)), (4, 1.0294)):
+        p = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=world, network=spread, step_ms=2.0,
+                              bucket_mb=0)
+        assert p.cpu_ms == pytest.approx(11.0 + 3 * 4.5, rel=1e-3)  # 3 ranks pad the buckets a little
+        assert p.iteration_ms == pytest.approx(p.cpu_ms * (1 + 0.1 * slowest), rel=1e-4)
+        assert dearcomm.prediction.expected_slowest_of(world) == pytest.approx(slowest, rel=1e-4)
+    assert dearcomm.prediction.expected_slowest_of(1) == pytest.approx(0.0, abs=1e-9)
+    assert dearcomm.prediction.expected_slowest_of(64) == pytest.approx(2.3437, rel=1e-3)
+    # A link that exposes its all-reduces: the timeline is the longer, the spread leaves it.
+    slow = dataclasses.replace(spread, gbit_s=NETWORK.gbit_s / 16)
+    plain = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, network=slow, step_ms=2.0, bucket_mb=0)
+    assert plain.iteration_ms == pytest.approx(plain.timeline_ms) and plain.timeline_ms > plain.cpu_ms * 1.06
+    for bad in (-0.1, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match="iteration_cv must be a non-negative finite number"):
+            dearcomm.simulate(mib_profile, schedule="wfbp", world_size=2, step_ms=2.0, bucket_mb=0,
+                              network=dataclasses.replace(fast, iteration_cv=bad))
+    with pytest.raises(ValueError, match="expected_slowest_of needs a count >= 1"):
+        dearcomm.prediction.expected_slowest_of(0)
+
+
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():
     # wfbp, collectives slowed beside compute (above): backward ends at 9 and waits for AR1 (to 11), AR0 (to 13).
     p = dearcomm.simulate(PROFILE, schedule="wfbp", world_size=2, network=COMM_SLOW, step_ms=2.0, bucket_mb=0,
