@@ -9,11 +9,11 @@ compute slowed by the factor measured beside an all-reduce).
 --resimulate predicts every run again with this checkout's simulator from the
 measurements the file holds (rank 0's profile, each layout's collectives
 alone, both contention factors: compute beside collectives and collectives
-beside compute, the second also the factor the CPU bound charges the
-collectives' CPU at (with --cpu-factors, files that record each part's CPU
-charge it at ν and the compute beside them at μ, their CPU beside the other
-over alone, and take the slowest rank's iteration, from the compute's
-spread alone); usbyte's and deft's plans where the file has them; each
+beside compute; the CPU bound charges the collectives' CPU at ν and the
+compute beside them at μ, their CPU beside the other over alone, and
+takes the slowest rank's iteration from the compute's spread alone; with
+--lambda, and for files from before each part's CPU was recorded, the model
+before: the collectives' CPU at λ, no spread); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
 layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
@@ -55,7 +55,7 @@ def repeats(runs) -> dict:
             for name, first in firsts.items() if first in runs}
 
 
-def resimulate(data, cpu_factors: bool = False) -> None:
+def resimulate(data, lam: bool = False) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +74,7 @@ def resimulate(data, cpu_factors: bool = False) -> None:
     comm_slowdown = contention["comm_slowdown"] if "rounds" in contention else \
         fit_comm_slowdown(contention["comm_alone_s"], contention["comm_beside_s"])
     # Each one's CPU beside the other over alone (ν, μ): fitted, or from the rounds' CPU where they
-    # recorded it; in the bound only with cpu_factors (by default it charges the collectives' CPU at λ).
+    # recorded it. Files from before: the model before (λ stood in for both ν and the spread).
     parts = [r for r in contention.get("rounds", []) if "beside_comm_cpu_s" in r]
     comm_cpu_slowdown = contention.get("comm_cpu_slowdown") or (statistics.median(
         fit_comm_cpu_slowdown(r["comm_alone_cpu_s"], r["beside_comm_cpu_s"], r["beside_comm_count"])
@@ -88,8 +88,7 @@ def resimulate(data, cpu_factors: bool = False) -> None:
     iteration_cv = contention.get("iteration_cv")
     if iteration_cv is None:
         iteration_cv = statistics.median(fit_iteration_cv(r["alone_s"]) for r in timed) if timed else 0.0
-    if cpu_factors and comm_cpu_slowdown is None:
-        raise ValueError("--cpu-factors: the file records no CPU of the contention measurement's parts")
+    lam = lam or comm_cpu_slowdown is None
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
@@ -113,9 +112,9 @@ def resimulate(data, cpu_factors: bool = False) -> None:
                                 contention["compute_slowdown"], chosen=run.get("auto_options"),
                                 comm_slowdown=comm_slowdown, planned=planned, names=names, host_ms=host_ms,
                                 host_ms_per_mib=host_ms_per_mib,
-                                comm_cpu_slowdown=comm_cpu_slowdown if cpu_factors else None,
-                                compute_cpu_slowdown=compute_cpu_slowdown if cpu_factors else 1.0,
-                                iteration_cv=iteration_cv if cpu_factors else 0.0)
+                                comm_cpu_slowdown=None if lam else comm_cpu_slowdown,
+                                compute_cpu_slowdown=1.0 if lam else compute_cpu_slowdown,
+                                iteration_cv=0.0 if lam else iteration_cv)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
@@ -139,12 +138,12 @@ def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: 
     raise ValueError(f"{name}: no unit of {UNITS_MB} MiB lays out the run's {buckets} buckets")
 
 
-def summarise(path: Path, again: bool = False, cpu_factors: bool = False):
+def summarise(path: Path, again: bool = False, lam: bool = False):
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "runs" not in data:
         return None  # not a train_bench.py file (a timeline)
     if again:
-        resimulate(data, cpu_factors)
+        resimulate(data, lam)
     runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
     candidates = {n: r for n, r in runs.items() if is_candidate(n) and r.get("predicted_ms")}
     if not candidates:
@@ -176,13 +175,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--resimulate", action="store_true", help="predict again with this checkout's simulator")
-    parser.add_argument("--cpu-factors", action="store_true",
-                        help="with --resimulate: charge the CPU bound's parts at their measured CPU factors (nu, mu) "
-                             "instead of lambda (files that record them)")
+    parser.add_argument("--lambda", dest="lam", action="store_true",
+                        help="with --resimulate: the model before, the collectives' CPU charged at lambda (their "
+                             "wall beside compute), the compute at 1, no spread of the ranks")
     args = parser.parse_args()
-    if args.cpu_factors and not args.resimulate:
-        parser.error("--cpu-factors needs --resimulate")
-    rows = [r for r in (summarise(f, args.resimulate, args.cpu_factors) for f in args.files) if r]
+    if args.lam and not args.resimulate:
+        parser.error("--lambda needs --resimulate")
+    rows = [r for r in (summarise(f, args.resimulate, args.lam) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
     print("| row | κ | λ | ν | μ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")
@@ -195,7 +194,8 @@ def main():
               f"{fmt(r['pick_speedup'])} | {r['best']} ({fmt(r['best_speedup'])}) | {fmt(r['default_speedup'])} |")
     if rows:
         errors = [abs(r["worst_error"]) for r in rows]
-        print(f"\n{sum(r['within_10'] for r in rows)} of {sum(r['runs'] for r in rows)} runs predicted within 10%; "
+        print(f"\n{sum(r['within_10'] for r in rows)} of {sum(r['runs'] for r in rows)} runs predicted within 10%, "
+              f"every run of {sum(r['within_10'] == r['runs'] for r in rows)} of {len(rows)} rows; "
               f"worst {max(errors):.1%}; the pick is within 5% of the measured best in "
               f"{sum(r['pick_vs_best'] <= 1.05 for r in rows)} of {len(rows)} rows")
     timed_twice = [r for r in rows if r["repeats"]]
