@@ -34,8 +34,8 @@ deviation of the iterations alone over their mean): the ranks meet every
 iteration, so one takes the slowest rank's (Network.iteration_cv).
 with_contention() puts every factor measured into a Network: what wrap()'s
 "auto" and the benchmarks predict with. Charged at ν and μ with that
-spread, the bound met 318 of 336 loopback runs and 21 of 28 rows within
-10% over seven runs; charged at λ without it, 308 and 20
+spread, the bound put 303 of 320 loopback runs and 23 of 32 rows within
+10% over eight runs; charged at λ without it, 291 and 23
 (docs/benchmarks.md).
 
     fit = dearcomm.fit_compute_slowdown("results/contention.json")

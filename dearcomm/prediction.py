@@ -127,12 +127,11 @@ class Network:
     cores the compute leaves free ("ordered_all_reduce": the "all_reduce"'s
     unless given).
     ``comm_cpu_slowdown``: the factor that bound charges the collectives'
-    CPU at; None (the default): comm_slowdown, the wall they take beside
-    compute (DDP's backward grows by about that times its all-reduce alone).
-    Their CPU beside compute over alone (ν, dearcomm.fit_comm_cpu_slowdown)
-    is smaller (1.0-1.3 on loopback where comm_slowdown read 1.2-2.1), and
-    charged at it the bound left the loopback rows short: the process also
-    loses wall beside its CPU (docs/benchmarks.md).
+    CPU at: their CPU beside compute over alone (ν,
+    dearcomm.fit_comm_cpu_slowdown; 1.0-1.5 on loopback, where
+    comm_slowdown read 1.2-2.1); None (the default): comm_slowdown, the wall
+    they take beside compute, which stands in for ν and iteration_cv
+    together where they were not measured.
     ``compute_cpu_slowdown``: how many times its work the bound counts the
     compute the simulated device runs beside a collective (μ, its CPU beside
     collectives over alone, dearcomm.fit_compute_cpu_slowdown); 1 by default.
