@@ -30,11 +30,11 @@ grew 1.0-1.3x. The simulator's CPU bound charges each part at them
 (Network.comm_cpu_slowdown, compute_cpu_slowdown).
 
 And how much a compute iteration varies (fit_iteration_cv: the standard
-deviation of the iterations alone over their mean): the ranks meet every
+deviation of the iterations alone over their median, robustly): the ranks meet every
 iteration, so one takes the slowest rank's (Network.iteration_cv).
 with_contention() puts every factor measured into a Network: what wrap()'s
 "auto" and the benchmarks predict with. Charged at ν and μ with that
-spread, the bound put 303 of 320 loopback runs and 23 of 32 rows within
+spread, the bound put 305 of 320 loopback runs and 24 of 32 rows within
 10% over eight runs; charged at λ without it, 291 and 23
 (docs/benchmarks.md).
 
@@ -161,9 +161,14 @@ def fit_compute_cpu_slowdown(alone_cpu_s: Sequence[float], beside_cpu_s: float, 
 def fit_iteration_cv(alone_s: Sequence[float]) -> float:
     """How much one rank's compute iteration varies: the standard deviation
     of its times alone (seconds; the ``alone_s`` list, every rank starting
-    each iteration together) over their mean; 0 under two."""
+    each iteration together) over their median, the deviation estimated as
+    1.4826 x the median absolute deviation (a normal's): one slow first
+    iteration among six does not move it; 0 under two."""
     times = [_positive(t, "a compute time alone") for t in alone_s]
-    return statistics.pstdev(times) / statistics.fmean(times) if len(times) >= 2 else 0.0
+    if len(times) < 2:
+        return 0.0
+    middle = statistics.median(times)
+    return 1.4826 * statistics.median(abs(t - middle) for t in times) / middle
 
 
 def with_contention(network, measured: dict):

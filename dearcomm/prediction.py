@@ -136,7 +136,7 @@ class Network:
     compute the simulated device runs beside a collective (μ, its CPU beside
     collectives over alone, dearcomm.fit_compute_cpu_slowdown); 1 by default.
     ``iteration_cv``: how much one rank's compute iteration varies, its
-    standard deviation over its mean (dearcomm.fit_iteration_cv); 0 by
+    standard deviation over its median (dearcomm.fit_iteration_cv); 0 by
     default. The ranks meet every iteration, so where the cores bound it an
     iteration takes the slowest rank's: the bound times 1 + cv x the
     expected largest of world_size standard normal draws (0.56 at 2 ranks,
