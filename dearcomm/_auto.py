@@ -319,7 +319,7 @@ class AutoPlan:
                 + " ms (reduce-scatter/all-gather/all-reduce), and the host CPU "
                 + "/".join(f"{self.network.host_ms_per_mib.get(k, 0.0):.3f}" for k in KINDS)
                 + " ms per MiB more, a bound on the iteration: their CPU "
-                + f"{self.network.comm_cpu_slowdown or self.network.comm_slowdown:.2f}x, the compute's "
+                + f"{self.network.bound_comm_cpu_slowdown:.2f}x, the compute's "
                 + f"{self.network.compute_cpu_slowdown:.2f}x beside each other, the slowest rank's with the compute "
                 + f"varying {self.network.iteration_cv:.1%})" + trials)
 

@@ -153,6 +153,12 @@ class Network:
     compute_cpu_slowdown: float = 1.0
     iteration_cv: float = 0.0
 
+    @property
+    def bound_comm_cpu_slowdown(self) -> float:
+        """The factor the CPU bound charges the collectives' CPU at:
+        comm_cpu_slowdown, or comm_slowdown where it is unset."""
+        return self.comm_slowdown if self.comm_cpu_slowdown is None else self.comm_cpu_slowdown
+
     def host_costs(self) -> Dict[str, float]:
         """{kind: seconds the compute stream loses per collective} for every
         kind of COST_KINDS, checked."""
@@ -305,7 +311,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
         delays = [checked_delay(d, options.effective_max_delay, f"delays[{i}]") for i, d in enumerate(delays)]
         choice = choice.with_bucket_delays(bucket_delays(layout, delays))
     costs = network.costs()
-    cpu_factor = network.comm_slowdown if network.comm_cpu_slowdown is None else network.comm_cpu_slowdown
+    cpu_factor = network.bound_comm_cpu_slowdown
     for name in ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown"):
         factor = cpu_factor if name == "comm_cpu_slowdown" else getattr(network, name)
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
