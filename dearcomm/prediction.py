@@ -16,7 +16,6 @@ validated the same way, and the buckets are planned by the same planner.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -325,32 +324,25 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
                       network.host_costs_per_byte(), float(cpu_factor),
-                      float(network.compute_cpu_slowdown))
+                      float(network.compute_cpu_slowdown), float(network.iteration_cv))
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:
         return {(k[:-2] + "_ms" if k.endswith("_s") else k): (v * ms if k.endswith("_s") and v >= 0 else v)
                 for k, v in d.items()}
-    slowest_rank = 1.0 + network.iteration_cv * expected_slowest_of(world_size)
-    return Prediction(iteration_ms=max(raw["timeline_s"], raw["cpu_s"] * slowest_rank) * ms,
+    return Prediction(iteration_ms=raw["iteration_s"] * ms,
                       ops=[in_ms(op) for op in raw["ops"]],
                       spans=[in_ms(s) for s in raw["spans"]], records=raw["records"], layout=layout,
                       timeline_ms=raw["timeline_s"] * ms, cpu_ms=raw["cpu_s"] * ms)
 
 
-@functools.lru_cache(maxsize=None)
 def expected_slowest_of(n: int) -> float:
     """The expected largest of ``n`` independent standard normal draws
-    (0 for one; 1/sqrt(pi) for two): n phi(x) Phi(x)^(n-1) integrated
-    against x, on a grid fine enough for four digits."""
+    (0 for one; 1/sqrt(pi) for two): what the simulator multiplies
+    Network.iteration_cv by for the slowest of ``n`` ranks."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"dearcomm: expected_slowest_of needs a count >= 1, got {n!r}")
-    step, total = 1e-3, 0.0
-    for i in range(-12000, 12001):
-        x = i * step
-        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) * cdf ** (n - 1)
-    return total * step
+    return _C.expected_slowest_of(n)
 
 
 def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, float, float, List[int]]],

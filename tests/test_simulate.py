@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import dearcomm
-from dearcomm import ModuleProfile, Network
+from dearcomm import ModuleProfile, Network, _C
 
 MIB = 1 << 20
 NUMEL = MIB // 4
@@ -329,6 +329,25 @@ def test_the_ranks_meeting_every_iteration_take_the_slowest_ranks_bound():
                               network=dataclasses.replace(fast, iteration_cv=bad))
     with pytest.raises(ValueError, match="expected_slowest_of needs a count >= 1"):
         dearcomm.prediction.expected_slowest_of(0)
+
+
+def test_the_simulators_own_iteration_is_the_prediction_and_checks_its_spread():
+    """The C++ simulator applies the slowest rank itself: its iteration_s is
+    what dearcomm.simulate returns, and it refuses a bad spread on its own."""
+    layout = _C.plan_buckets([MIB // 4], [torch.float32], 0, 4)
+    costs = {kind: (0.0, 0.0) for kind in ("reduce_scatter", "all_gather", "all_reduce")}
+    args = (layout, None, [("m", 1e-3, 2e-3, [0])], 0.0, [MIB // 4], dearcomm.WrapOptions(schedule="wfbp").choice,
+            costs, 2)
+    host = dict(host_s={"all_reduce": 1e-3})
+    plain = _C.simulate(*args, **host)
+    spread = _C.simulate(*args, **host, iteration_cv=0.1)
+    assert plain["cpu_s"] == pytest.approx(4e-3) and plain["iteration_s"] == pytest.approx(4e-3)
+    assert spread["iteration_s"] == pytest.approx(4e-3 * (1 + 0.1 * _C.expected_slowest_of(4)))
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="iteration_cv must be a finite number >= 0"):
+            _C.simulate(*args, iteration_cv=bad)
+    with pytest.raises(ValueError, match="expected_slowest_of needs a count >= 1"):
+        _C.expected_slowest_of(0)
 
 
 def test_a_wait_runs_from_when_compute_asked_to_when_the_collective_ended():

@@ -21,6 +21,11 @@
 // (Python passes comm_slowdown unless told otherwise), where the ranks fill
 // the cores (Result::cpu_s); compute beside a collective counts
 // `compute_cpu_slowdown` times its work (1 unless told otherwise).
+// `iteration_cv`: how much one rank's compute iteration varies (its spread
+// over its median). The ranks meet every iteration, so where the cores bound
+// it an iteration takes the slowest rank's: the bound times
+// slowest_rank_factor(), 1 + cv times the expected largest of world_size
+// standard normal draws (0 by default: every rank alike).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
@@ -49,7 +54,8 @@ class CostModel {
  public:
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
             AlphaBeta ordered_all_reduce, double compute_slowdown = 1.0, double comm_slowdown = 1.0,
-            int64_t all_reduce_lanes = 1, double comm_cpu_slowdown = 1.0, double compute_cpu_slowdown = 1.0);
+            int64_t all_reduce_lanes = 1, double comm_cpu_slowdown = 1.0, double compute_cpu_slowdown = 1.0,
+            double iteration_cv = 0.0);
   // `in_issue_order`: the backend keeps this collective in issue order (the schedule asked).
   double seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const;
   double host_seconds(Collective kind, bool in_issue_order = false) const {
@@ -65,6 +71,9 @@ class CostModel {
   double comm_slowdown() const { return comm_slowdown_; }
   double comm_cpu_slowdown() const { return comm_cpu_slowdown_; }
   double compute_cpu_slowdown() const { return compute_cpu_slowdown_; }
+  double iteration_cv() const { return iteration_cv_; }
+  // What the CPU bound of one rank is multiplied by for the slowest of them.
+  double slowest_rank_factor() const { return slowest_rank_factor_; }
   int64_t all_reduce_lanes() const { return all_reduce_lanes_; }
   // Bytes an all-reduce moves through the link in `seconds` once started
   // (the link model a queueing policy gets).
@@ -80,6 +89,12 @@ class CostModel {
   int64_t all_reduce_lanes_;
   double comm_cpu_slowdown_;
   double compute_cpu_slowdown_;
+  double iteration_cv_;
+  double slowest_rank_factor_;
 };
+
+// The expected largest of `n` independent standard normal draws (0 for one,
+// 1/sqrt(pi) for two), integrated numerically to four digits.
+double expected_slowest_of(int64_t n);
 
 }  // namespace dearcomm::sim

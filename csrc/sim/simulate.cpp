@@ -129,7 +129,7 @@ Result simulate(const core::Layout& layout, const Profile& profile, std::unique_
   const auto& starts = result.iteration_starts_s;
   result.timeline_s = starts[starts.size() - 1] - starts[starts.size() - 2];
   result.cpu_s = device.cpu_seconds(iterations - 1);
-  result.iteration_s = std::max(result.timeline_s, result.cpu_s);
+  result.iteration_s = std::max(result.timeline_s, result.cpu_s * cost.slowest_rank_factor());
   result.ops = device.ops();
   result.spans = device.spans();
   result.records = executor.take_records();

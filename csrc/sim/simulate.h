@@ -28,7 +28,8 @@ struct Result {
   // of the forward after it (timeline_s), or the host CPU that iteration
   // needs (cpu_s) where that is longer: where the ranks fill the cores, the
   // iteration cannot take less time than its compute work and its
-  // collectives' CPU together (0 per byte where collectives run elsewhere).
+  // collectives' CPU together (0 per byte where collectives run elsewhere),
+  // for the slowest rank of the iteration (CostModel::slowest_rank_factor).
   double iteration_s = 0.0;
   double timeline_s = 0.0;
   double cpu_s = 0.0;
