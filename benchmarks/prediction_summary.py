@@ -88,6 +88,10 @@ def resimulate(data, lam: bool = False) -> None:
     iteration_cv = statistics.median(fit_iteration_cv(r["alone_s"]) for r in timed) if timed else \
         contention.get("iteration_cv", 0.0)  # as this checkout fits it, where the file has the timings
     lam = lam or comm_cpu_slowdown is None
+    # The model before charged the collectives' CPU at λ (comm_cpu_slowdown None), with no spread.
+    factors = dict(compute_slowdown=contention["compute_slowdown"], comm_slowdown=comm_slowdown,
+                   comm_cpu_slowdown=None if lam else comm_cpu_slowdown,
+                   compute_cpu_slowdown=1.0 if lam else compute_cpu_slowdown, iteration_cv=0.0 if lam else iteration_cv)
     args = types.SimpleNamespace(bucket_mb=data["args"]["bucket_mb"])
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
@@ -107,13 +111,9 @@ def resimulate(data, lam: bool = False) -> None:
         if planned and "bucket_mb" not in planned and name.startswith("usbyte"):
             planned = dict(planned, bucket_mb=usbyte_bucket_mb(name, args, profile, comm, data["world_size"], planned,
                                                                names, run["buckets"]))
-        prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"],
-                                contention["compute_slowdown"], chosen=run.get("auto_options"),
-                                comm_slowdown=comm_slowdown, planned=planned, names=names, host_ms=host_ms,
-                                host_ms_per_mib=host_ms_per_mib,
-                                comm_cpu_slowdown=None if lam else comm_cpu_slowdown,
-                                compute_cpu_slowdown=1.0 if lam else compute_cpu_slowdown,
-                                iteration_cv=0.0 if lam else iteration_cv)
+        prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"], factors,
+                                chosen=run.get("auto_options"), planned=planned, names=names, host_ms=host_ms,
+                                host_ms_per_mib=host_ms_per_mib)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,

@@ -86,7 +86,7 @@ from models import MODELS, fresh  # noqa: E402
 import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
-from dearcomm.contention import machine_cpu_s  # noqa: E402
+from dearcomm.contention import FACTORS as CONTENTION_FACTORS, machine_cpu_s, with_contention  # noqa: E402
 from dearcomm.host_cost import cores_share, fit_host_cpu  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
@@ -382,9 +382,8 @@ def host_cpu_of(layouts, share):
                         share)
 
 
-def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, chosen=None, comm_slowdown=1.0,
-               planned=None, names=None, host_ms=None, host_ms_per_mib=None, comm_cpu_slowdown=None,
-               compute_cpu_slowdown=1.0, iteration_cv=0.0):
+def simulation(name, args, profile, step_ms, comm, world, contention=None, chosen=None, planned=None, names=None,
+               host_ms=None, host_ms_per_mib=None):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -396,9 +395,9 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
     planned (``planned``: blocks, priorities and delays by parameter name,
     and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``
     and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
-    (host_cpu_of), charged in the CPU bound at ``comm_cpu_slowdown`` (None:
-    ``comm_slowdown``), the compute beside them at ``compute_cpu_slowdown``, the
-    ranks meeting every iteration with ``iteration_cv`` (Network's)."""
+    (host_cpu_of); ``contention``: the measured factors, every one of
+    dearcomm.contention.FACTORS (κ, λ, ν, μ, the compute's cv; None: a
+    machine where nothing contends)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -425,10 +424,10 @@ def simulation(name, args, profile, step_ms, comm, world, compute_slowdown=1.0, 
                 costs["all_reduce"] = costs[ORDERED_ALL_REDUCE]
             elif plain:
                 costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
-    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, compute_slowdown=compute_slowdown,
-                               comm_slowdown=comm_slowdown, all_reduce_lanes=lanes, host_ms=host_ms,
-                               host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
-                               compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
+    network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, all_reduce_lanes=lanes, host_ms=host_ms,
+                               host_ms_per_mib=host_ms_per_mib)
+    if contention is not None:
+        network = with_contention(network, contention)
     extra = {}
     if planned is not None and schedule in PLANNED_SCHEDULES:
         bucket_mb = planned.get("bucket_mb", bucket_mb)
@@ -770,16 +769,10 @@ def main():
             bar.update()
     load1 = os.getloadavg()
     profile = dearcomm.TrainingProfile.median_of(profiles)
-    slowdown = statistics.median(c["compute_slowdown"] for c in contentions)
-    comm_slowdown = statistics.median(c["comm_slowdown"] for c in contentions)
-    comm_cpu_slowdown = statistics.median(c["comm_cpu_slowdown"] for c in contentions)
-    compute_cpu_slowdown = statistics.median(c["compute_cpu_slowdown"] for c in contentions)
-    iteration_cv = statistics.median(c["iteration_cv"] for c in contentions)
+    factors = {k: statistics.median(c[k] for c in contentions) for k in CONTENTION_FACTORS}
     # The first round's timings (what --resimulate reads), the medians, and every round's
     # factors with their timings (to compare estimators offline).
-    contention = dict(contentions[0], compute_slowdown=slowdown, comm_slowdown=comm_slowdown,
-                      comm_cpu_slowdown=comm_cpu_slowdown, compute_cpu_slowdown=compute_cpu_slowdown,
-                      iteration_cv=iteration_cv, rounds=[dict(c) for c in contentions])
+    contention = dict(contentions[0], **factors, rounds=[dict(c) for c in contentions])
     # The lower bound's and the ideal's compute: the profile's, taken across the
     # rounds like the runs (one measurement at the start has read twice the forward).
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
@@ -802,11 +795,10 @@ def main():
         ideal = simulated(name, args, proportional_profile(probe, pieces), 1e3 * pieces["step"], c, world,
                           chosen=chosen, planned=planned,
                           names=[n for n, p in probe.named_parameters() if p.requires_grad])
-        predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, slowdown, chosen=chosen,
-                                       comm_slowdown=comm_slowdown, planned=planned,
+        predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, factors, chosen=chosen,
+                                       planned=planned,
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
-                                       host_ms_per_mib=host_ms_per_mib, comm_cpu_slowdown=comm_cpu_slowdown,
-                                       compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
+                                       host_ms_per_mib=host_ms_per_mib)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
@@ -849,20 +841,21 @@ def main():
         print(f"load average (1 min) {load0[0]:.1f} at start, {load1[0]:.1f} at end; allocator: {allocator_policy()}")
         print(f"pieces (ms): T_fwd {ms(pieces['fwd'])}  T_bwd {ms(pieces['bwd'])}  T_step {ms(pieces['step'])}  "
               f"T_step(shard) {ms(pieces['step_shard'])}  |  CPU per compute-only iteration {ms(pieces['cpu_iter'])}")
-        print(f"prediction: the ranks' profile (in step, slowest rank) of {len(profile.modules)} modules, median of {len(profiles)} rounds' "
-              f"(fwd {profile.forward_ms:.1f}, "
+        f = factors
+        print(f"prediction: the ranks' profile (in step, slowest rank) of {len(profile.modules)} modules, median of "
+              f"{len(profiles)} rounds' (fwd {profile.forward_ms:.1f}, "
               f"{min(p.forward_ms for p in profiles):.1f}-{max(p.forward_ms for p in profiles):.1f} over the rounds; "
-              f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute {slowdown:.3f}x slower beside "
-              f"an all-reduce of {contention_mib:.1f} MiB, which is {comm_slowdown:.3f}x slower beside compute "
-              f"(rank 0; medians of {len(contentions)} rounds', κ "
+              f"bwd {profile.backward_ms:.1f}, step {profile.step_ms:.1f} ms), compute "
+              f"{f['compute_slowdown']:.3f}x slower beside an all-reduce of {contention_mib:.1f} MiB, which is "
+              f"{f['comm_slowdown']:.3f}x slower beside compute (rank 0; medians of {len(contentions)} rounds', κ "
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
               f"x {share:.2f}, the ranks over the cores; measured beside each other, the collectives' CPU is "
-              f"{comm_cpu_slowdown:.2f}x theirs alone and the compute's {compute_cpu_slowdown:.2f}x: the iteration "
-              f"takes at least that CPU, the slowest of {world} ranks' whose compute varies by "
-              f"{iteration_cv:.1%})")
+              f"{f['comm_cpu_slowdown']:.2f}x theirs alone and the compute's {f['compute_cpu_slowdown']:.2f}x: the "
+              f"iteration takes at least that CPU, the slowest of {world} ranks' whose compute varies by "
+              f"{f['iteration_cv']:.1%})")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]

@@ -171,14 +171,15 @@ def fit_iteration_cv(alone_s: Sequence[float]) -> float:
     return 1.4826 * statistics.median(abs(t - middle) for t in times) / middle
 
 
+# What measure_contention() measures that a Network takes, by its field names:
+# κ, λ, ν, μ and the compute's cv.
+FACTORS = ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown", "iteration_cv")
+
+
 def with_contention(network, measured: dict):
     """``network`` (a dearcomm.Network) with the factors measure_contention()
-    (or the medians of several) gave: κ, λ, ν, μ and the compute's cv."""
-    return dataclasses.replace(network, compute_slowdown=measured["compute_slowdown"],
-                               comm_slowdown=measured["comm_slowdown"],
-                               comm_cpu_slowdown=measured["comm_cpu_slowdown"],
-                               compute_cpu_slowdown=measured["compute_cpu_slowdown"],
-                               iteration_cv=measured["iteration_cv"])
+    (or the medians of several) gave: every one of FACTORS."""
+    return dataclasses.replace(network, **{name: measured[name] for name in FACTORS})
 
 
 def _cpu_ratio(fit: str, alone_what: str, beside_what: str, alone_cpu_s: Sequence[float], beside_cpu_s: float,
