@@ -34,7 +34,9 @@ At the first training forward, before any gradient is communicated:
      with without them: on loopback the simulator priced dear-sharded with
      partitions ahead of it, and in 6 of 6 runs of the MLP the default, never
      measured, beat what auto kept by 4-10%):
-     the CONFIRM_CONTENDERS fastest measured candidates and the reference
+     the CONFIRM_CONTENDERS fastest measured candidates, and wrap()'s
+     default where the simulation prices it within CONFIRM_DEFAULT_WITHIN
+     of the fastest, and the reference
      are measured once more, in turn, CONFIRM_ROUNDS times; a contender
      beats the reference if its median ratio to it is below
      1 - CONFIRM_MARGIN, or below 1 where its prediction is below the
@@ -126,6 +128,14 @@ measured again against it: with one, a candidate lucky in its trial took the
 only place, failed its confirmation, and a better one 9% behind it in the
 trials was never confirmed (widein at 4 ranks: usbyte's 421 ms trial, then
 DDP's layout kept; dear-sharded/p4's trial 461 ms, 1.14x DDP over 8 rounds)."""
+CONFIRM_DEFAULT_WITHIN = 0.05
+"""wrap()'s default is confirmed against the reference whatever its trial
+measured when the simulation prices it within this fraction of the fastest
+shortlisted candidate: it cannot tell the two apart, and one trial of a few
+steps is too noisy to drop it (the MLP on loopback: the default's one
+trial 492 ms, 1.30x its median over 8 rounds fixed; in 8 of 56 stored auto
+runs the default, measured once and not confirmed, took 3-9% less time
+fixed than what auto kept, 7 of them with the default priced within 5%)."""
 CONFIRM_ROUNDS = 3
 """Times the contenders and the reference are measured again, in turn
 (three: the median of the rounds is not moved by one outlier)."""
@@ -218,11 +228,22 @@ class AutoPlan:
     def contenders(self) -> Tuple[int, ...]:
         """The shortlist's indices of the candidates measured again against the
         reference: the CONFIRM_CONTENDERS fastest measured but it, fastest
-        first; none if there is no reference or it measured fastest."""
-        if self.reference is None or self.fastest_measured() == self.reference:
+        first (none where it measured fastest), then wrap()'s default where
+        it is not among them and predicted within CONFIRM_DEFAULT_WITHIN of
+        the fastest; none if there is no reference."""
+        if self.reference is None:
             return ()
-        order = sorted(range(len(self.measured_ms)), key=lambda i: (self.measured_ms[i], i))
-        return tuple(i for i in order if i != self.reference)[:CONFIRM_CONTENDERS]
+        fastest: Tuple[int, ...] = ()
+        if self.fastest_measured() != self.reference:
+            order = sorted(range(len(self.measured_ms)), key=lambda i: (self.measured_ms[i], i))
+            fastest = tuple(i for i in order if i != self.reference)[:CONFIRM_CONTENDERS]
+        default = self.default
+        if default is None or default == self.reference or default in fastest:
+            return fastest
+        best_predicted = min(predicted for _, predicted in self.shortlist)
+        if self.shortlist[default][1] <= best_predicted * (1 + CONFIRM_DEFAULT_WITHIN):
+            return fastest + (default,)
+        return fastest
 
     def confirmation_queue(self) -> Tuple[int, ...]:
         """What the confirmation round measures, in order (once the shortlist is measured)."""

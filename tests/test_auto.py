@@ -118,13 +118,16 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
         assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"
         assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
         best = min(range(len(measured)), key=lambda i: measured[i])
-        if best == reference:
+        contenders = [] if best == reference else sorted((i for i in range(len(measured)) if i != reference),
+                                                         key=lambda i: (measured[i], i))[:_auto.CONFIRM_CONTENDERS]
+        if default != reference and default not in contenders and \
+                shortlist[default][1] <= min(p for _, p in shortlist) * (1 + _auto.CONFIRM_DEFAULT_WITHIN):
+            contenders.append(default)
+        if not contenders:
             assert confirmations == () and (options, predicted) == shortlist[reference]
             continue
-        contenders = sorted((i for i in range(len(measured)) if i != reference),
-                            key=lambda i: (measured[i], i))[:_auto.CONFIRM_CONTENDERS]
         assert [i for i, _ in confirmations] == [*contenders, reference], \
-            "the fastest candidates and the reference measured again"
+            "the fastest candidates, wrap()'s default where priced near the fastest, and the reference measured again"
         again = dict(confirmations)  # one round: the ratio of its measurements decides
         ratio = {i: again[i] / again[reference] for i in contenders}
         margin = 1 - _auto.CONFIRM_MARGIN
@@ -346,6 +349,29 @@ def test_the_two_fastest_trials_are_confirmed_and_the_one_that_beats_the_referen
     assert _plan_measured(trials, 2, one, predicted=[100.0, 103.0, 104.0, 101.0]).choice() == (1, 440.0)
     # Only one candidate but the reference: one contender.
     assert _plan_measured([90.0, 100.0], reference=1).confirmation_queue() == (0, 1) * 3
+
+
+def test_wraps_default_priced_near_the_fastest_is_confirmed_whatever_its_one_trial_read(monkeypatch):
+    _knobs(monkeypatch, CONFIRM_ROUNDS=3, CONFIRM_CONTENDERS=1)
+    # As the MLP on loopback: the default (0) priced fastest, its one trial slow (492 ms); a
+    # runner-up (3) measured fastest in a quieter moment; the reference (2).
+    trials, predicted = [492.0, 502.1, 477.9, 399.3], [438.4, 453.0, 463.6, 469.1]
+    plan = dataclasses.replace(_plan_measured(trials, 2, predicted=predicted), default=0)
+    assert plan.contenders() == (3, 0) and plan.confirmation_queue() == (3, 0, 2) * 3
+    # Measured again in turn, the default is the faster: predicted faster than the reference by
+    # more than the margin, it needs only to measure faster.
+    again = [(3, 428.3), (0, 381.0), (2, 398.1), (3, 422.2), (0, 384.5), (2, 412.9), (3, 413.0), (0, 379.9),
+             (2, 396.0)]
+    assert dataclasses.replace(plan, confirmations=tuple(again)).choice() == (0, 381.0)
+    # The reference measured fastest: the default is still measured against it.
+    assert dataclasses.replace(plan, measured_ms=(492.0, 502.1, 390.0, 399.3)).confirmation_queue() == (0, 2) * 3
+    # Priced more than CONFIRM_DEFAULT_WITHIN behind the fastest (as on a slow link): its trial decides.
+    far = dataclasses.replace(_plan_measured(trials, 2, predicted=[480.0, 453.0, 463.6, 440.0]), default=0)
+    assert far.contenders() == (3,)
+    # Already a contender, or the reference itself: measured once as such.
+    assert dataclasses.replace(_plan_measured([380.0, 502.1, 477.9, 399.3], 2, predicted=predicted),
+                               default=0).contenders() == (0,)
+    assert dataclasses.replace(_plan_measured(trials, 2, predicted=predicted), default=2).contenders() == (3,)
 
 
 def test_runners_up_try_other_partition_sizes_first():
