@@ -147,3 +147,28 @@ def test_the_wall_parts_split_the_cores_and_find_the_slowest_rank(tmp_path):
     assert n == 1  # ddp records neither
     assert p == pytest.approx(dict(cpu=0.85, softirq=0.05, idle=0.08, rest=0.02, over_mean=100 / 85,
                                    slowest=90 / 85, over_slowest=100 / 90))
+
+
+def test_the_idle_phases_split_each_phase_by_thread():
+    import idle_phases
+
+    # One rank: the training thread "1" and gloo's "2" (born during the backward). Forward 10 ms,
+    # all of it the training thread's; backward 30 ms: it runs 12 and waits 2 to run, gloo runs 10,
+    # so it was blocked 16 ms and the rank's core idle 8; step 5 ms of it alone.
+    ms = 1_000_000
+    stamps = [(0.000, {"1": (0, 0)}),
+              (0.010, {"1": (10 * ms, 0)}),
+              (0.040, {"1": (22 * ms, 2 * ms), "2": (10 * ms, 0)}),
+              (0.045, {"1": (27 * ms, 2 * ms), "2": (10 * ms, 0)})]
+    fwd, bwd, step = idle_phases.phase_parts(stamps, "1")
+    assert fwd == pytest.approx(dict(wall_ms=10.0, cpu_ms=10.0, beyond_cpu_ms=0.0, blocked_ms=0.0, start=0.0, end=0.010))
+    assert bwd == pytest.approx(dict(wall_ms=30.0, cpu_ms=22.0, beyond_cpu_ms=8.0, blocked_ms=16.0, start=0.010,
+                                     end=0.040))
+    assert step["cpu_ms"] == pytest.approx(5.0) and step["blocked_ms"] == pytest.approx(0.0)
+    # Two ranks, the second 2 ms late: the iteration runs 47 ms on one clock; each rank left 45 - 37 ms
+    # of its core unused.
+    late = [(t + 0.002, threads) for t, threads in stamps]
+    out = idle_phases.summary([[[fwd, bwd, step]], [idle_phases.phase_parts(late, "1")]])
+    assert out["iteration_ms"] == pytest.approx(47.0) and out["unused_core_ms"] == pytest.approx(2 * 8.0)
+    assert out["phases"]["backward"] == pytest.approx(dict(wall_ms=30.0, cpu_ms=22.0, beyond_cpu_ms=8.0,
+                                                           blocked_ms=16.0))
