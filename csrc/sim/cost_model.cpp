@@ -34,7 +34,6 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
       all_reduce_lanes_(all_reduce_lanes),
       comm_cpu_slowdown_(comm_cpu_slowdown),
       compute_cpu_slowdown_(compute_cpu_slowdown),
-      iteration_cv_(iteration_cv),
       slowest_rank_factor_(1.0) {
   DEARCOMM_CORE_CHECK(world_size >= 2, std::invalid_argument, "dearcomm: a world size >= 2 is needed, got ",
                       world_size);
@@ -50,10 +49,10 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
                       "dearcomm: comm_cpu_slowdown must be a finite factor >= 1, got ", comm_cpu_slowdown_);
   DEARCOMM_CORE_CHECK(std::isfinite(compute_cpu_slowdown_) && compute_cpu_slowdown_ >= 1.0, std::invalid_argument,
                       "dearcomm: compute_cpu_slowdown must be a finite factor >= 1, got ", compute_cpu_slowdown_);
-  DEARCOMM_CORE_CHECK(std::isfinite(iteration_cv_) && iteration_cv_ >= 0.0, std::invalid_argument,
-                      "dearcomm: iteration_cv must be a finite number >= 0, got ", iteration_cv_);
-  if (iteration_cv_ > 0.0) {
-    slowest_rank_factor_ = 1.0 + iteration_cv_ * expected_slowest_of(world_size_);
+  DEARCOMM_CORE_CHECK(std::isfinite(iteration_cv) && iteration_cv >= 0.0, std::invalid_argument,
+                      "dearcomm: iteration_cv must be a finite number >= 0, got ", iteration_cv);
+  if (iteration_cv > 0.0) {
+    slowest_rank_factor_ = 1.0 + iteration_cv * expected_slowest_of(world_size_);
   }
   DEARCOMM_CORE_CHECK(all_reduce_lanes_ >= 1, std::invalid_argument,
                       "dearcomm: all_reduce_lanes must be >= 1, got ", all_reduce_lanes_);

@@ -71,7 +71,6 @@ class CostModel {
   double comm_slowdown() const { return comm_slowdown_; }
   double comm_cpu_slowdown() const { return comm_cpu_slowdown_; }
   double compute_cpu_slowdown() const { return compute_cpu_slowdown_; }
-  double iteration_cv() const { return iteration_cv_; }
   // What the CPU bound of one rank is multiplied by for the slowest of them.
   double slowest_rank_factor() const { return slowest_rank_factor_; }
   int64_t all_reduce_lanes() const { return all_reduce_lanes_; }
@@ -89,8 +88,7 @@ class CostModel {
   int64_t all_reduce_lanes_;
   double comm_cpu_slowdown_;
   double compute_cpu_slowdown_;
-  double iteration_cv_;
-  double slowest_rank_factor_;
+  double slowest_rank_factor_;  // from iteration_cv and world_size
 };
 
 // The expected largest of `n` independent standard normal draws (0 for one,
