@@ -3,6 +3,8 @@
 #include "core/check.h"
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 namespace dearcomm::sim {
@@ -89,6 +91,15 @@ double expected_slowest_of(int64_t n) {
   if (n == 1) {
     return 0.0;  // one draw's expectation
   }
+  // Every simulation with a spread asks (auto simulates dozens of candidates
+  // for one world size): integrate once per n.
+  static std::mutex mutex;
+  static std::map<int64_t, double> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = known.find(n);
+  if (it != known.end()) {
+    return it->second;
+  }
   // E[max] = integral of x n phi(x) Phi(x)^(n-1) dx; beyond |x| = 12 nothing is left to four digits.
   constexpr double kStep = 1e-3;
   const double inv_sqrt_2pi = 1.0 / std::sqrt(2.0 * std::acos(-1.0));
@@ -99,7 +110,7 @@ double expected_slowest_of(int64_t n) {
     const double density = std::exp(-0.5 * x * x) * inv_sqrt_2pi;
     total += x * static_cast<double>(n) * density * std::pow(cdf, static_cast<double>(n - 1));
   }
-  return total * kStep;
+  return known[n] = total * kStep;
 }
 
 }  // namespace dearcomm::sim
