@@ -40,6 +40,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -168,7 +169,17 @@ class TrainingProfile:
         return _parse(data, source)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Writes the profile as JSON. Every rank may save to one shared path
+        and load it at once: the file is written beside and renamed into
+        place, so a reader sees a whole profile, never a half-written one."""
+        path = Path(path)
+        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.to_dict(), indent=1) + "\n")
+            os.replace(partial, path)
+        finally:
+            Path(partial).unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "TrainingProfile":

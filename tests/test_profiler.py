@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import re
+import threading
 import time
 
 import pytest
@@ -175,6 +176,33 @@ def test_save_load_and_simulate(tmp_path):
     assert direct.iteration_ms >= loaded.forward_ms + loaded.backward_ms - 1e-6
     no_step = simulate(loaded, world_size=4, network=network, step_ms=0.0)
     assert no_step.iteration_ms <= direct.iteration_ms
+
+
+def test_a_profile_being_saved_is_never_read_half_written(tmp_path):
+    """Every rank may save to one shared path and load it at once (the guide
+    shows it): a reader gets the old profile or the new one, whole."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(200)])  # a file of some size
+    prof = dearcomm.profile(model, torch.randn(4, 8), iterations=1, warmup=0)
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    done = threading.Event()
+
+    def keep_saving():
+        for _ in range(300):
+            prof.save(path)
+        done.set()
+
+    writer = threading.Thread(target=keep_saving)
+    writer.start()
+    loads = 0
+    try:
+        while not done.is_set() or loads == 0:
+            assert TrainingProfile.load(path) == prof
+            loads += 1
+    finally:
+        writer.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json"]  # nothing partial left behind
 
 
 def test_the_pack_and_average_of_a_bucket_are_measured_and_simulated(tmp_path):
