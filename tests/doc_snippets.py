@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tests.models import MixedNet, batches
 from tests.multiprocess import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,21 +64,12 @@ def snippets(path: str) -> List[Snippet]:
     return found
 
 
-class Net(nn.Module):
-    """The model the snippets call Net: small, two layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+Net = MixedNet  # what the snippets call Net: embedding, conv, layernorm and linear layers
 
 
 def _batch():
-    g = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
-    return torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return next(batches(1, 16, seed=rank + 1))
 
 
 def _base() -> dict:
@@ -98,7 +90,7 @@ def _plain() -> dict:
 
 def _wrapped() -> dict:
     ns = _plain()
-    ns["model"], ns["optimizer"] = ns["dearcomm"].wrap(ns["model"], ns["optimizer"], bucket_mb=0.01)
+    ns["model"], ns["optimizer"] = ns["dearcomm"].wrap(ns["model"], ns["optimizer"], bucket_mb=0.001)
     return ns
 
 
