@@ -209,7 +209,7 @@ def run_file(rank: int, world_size: int, path: str, workdir: str) -> List[str]:
         where = f"{snippet.path}:{snippet.line} ({snippet.fixture})"
         try:
             namespace = FIXTURES[snippet.fixture]()
-            with contextlib.redirect_stdout(open(os.devnull, "w")):
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
                 exec(compile(_code(snippet), where, "exec"), namespace)
         except Exception:  # noqa: BLE001 - every snippet's error is reported, then the next runs
             failures.append(f"{where}:\n{traceback.format_exc()}")

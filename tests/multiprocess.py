@@ -6,9 +6,10 @@ instead of stalling CI. Exceptions in a rank come back with their traceback.
 gloo ranks are forked from a server process that has imported torch and
 dearcomm once (multiprocessing's forkserver): 0.1-0.2 s a run where spawning
 fresh interpreters took 2.5 s for 2 ranks and 5 s for 4, hundreds of times a
-suite. Each rank then takes the caller's environment and working directory,
-as a spawned one would (the server has those of its own start). NCCL ranks are
-spawned: nothing of CUDA's may exist in a process before it forks.
+suite. Each rank then takes the caller's environment, as a spawned one would
+(a forked one has the server's, from its start; multiprocessing carries the
+working directory and sys.path itself). NCCL ranks are spawned: nothing of
+CUDA's may exist in a process before it forks.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, backend, bind_device, args, results, environ, cwd):
+def _entry(fn, rank, world_size, port, backend, bind_device, args, results, environ):
     import torch
     import torch.distributed as dist
 
@@ -43,7 +44,6 @@ def _entry(fn, rank, world_size, port, backend, bind_device, args, results, envi
     try:
         os.environ.clear()
         os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        os.chdir(cwd)
         device = None
         if backend == "nccl":  # one GPU per rank
             device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -100,7 +100,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, deadline: f
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, backend, bind_device, args, results,
-                                              dict(os.environ), os.getcwd()), daemon=True)
+                                              dict(os.environ)), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
