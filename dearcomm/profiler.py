@@ -40,8 +40,8 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -173,13 +173,13 @@ class TrainingProfile:
         and load it at once: the file is written beside and renamed into
         place, so a reader sees a whole profile, never a half-written one."""
         path = Path(path)
-        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")  # created as open() creates a file
         try:
-            with os.fdopen(fd, "w") as f:
+            with open(partial, "x") as f:
                 f.write(json.dumps(self.to_dict(), indent=1) + "\n")
             os.replace(partial, path)
         finally:
-            Path(partial).unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "TrainingProfile":

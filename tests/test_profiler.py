@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -203,6 +204,9 @@ def test_a_profile_being_saved_is_never_read_half_written(tmp_path):
     finally:
         writer.join()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json"]  # nothing partial left behind
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any file the user writes
 
 
 def test_the_pack_and_average_of_a_bucket_are_measured_and_simulated(tmp_path):
