@@ -7,7 +7,7 @@ a marker that names what the snippet expects to exist already:
 
 (the names are FIXTURES' keys), or says why it is not run here:
 
-    <!-- doc-test: skip: examples/lightning_train.py trains with it (test_integrations_launch.py) -->
+    <!-- doc-test: skip: examples/lightning_train.py trains with it (test_integrations_parity.py) -->
 
 A file's snippets run in order on every rank of one gloo job, each in a
 fresh namespace built by its fixture, in a working directory the ranks
@@ -31,13 +31,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tests.launch import ROOT
 from tests.models import MixedNet, batches
 from tests.multiprocess import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/guide.md", "docs/pipeline.md")
 MARKER = re.compile(r"^\s*<!-- doc-test: (?P<what>[a-z-]+)(?:: (?P<why>.+?))? -->\s*$")
-FENCE = re.compile(r"^(?P<indent>\s*)```python\s*$")
+FENCE = re.compile(r"^\s*```python\s*$")
 
 
 class Snippet(NamedTuple):
@@ -54,8 +54,7 @@ def snippets(path: str) -> List[Snippet]:
     lines = (ROOT / path).read_text().splitlines()
     found = []
     for i, line in enumerate(lines):
-        fence = FENCE.match(line)
-        if not fence:
+        if not FENCE.match(line):
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
         marker = MARKER.match(lines[i - 1]) if i > 0 else None

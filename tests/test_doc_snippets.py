@@ -1,12 +1,11 @@
 """The README's and docs' Python snippets run as written (tests/doc_snippets.py
 says how they are marked and what each marker provides)."""
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.doc_snippets import DOCS, FIXTURES, ROOT, run_file, snippets
+from tests.doc_snippets import DOCS, FIXTURES, run_file, snippets
+from tests.launch import ROOT, torchrun
 from tests.multiprocess import run_workers
 
 WORLD = 2
@@ -43,11 +42,8 @@ def _collectives_json(workdir):
     with the size, and the fit refuses them)."""
     os.makedirs(os.path.join(workdir, "results"), exist_ok=True)
     out = os.path.join(workdir, "results", "collectives.json")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-                    str(ROOT / "benchmarks" / "collectives.py"), "--min-bytes", str(256 << 10),
-                    "--max-bytes", str(8 << 20), "--dtypes", "fp32", "--json", out],
-                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, timeout=120,
-                   stdout=subprocess.DEVNULL)
+    torchrun(WORLD, "benchmarks/collectives.py", "--min-bytes", str(256 << 10), "--max-bytes", str(8 << 20),
+             "--dtypes", "fp32", "--json", out, timeout=120)
 
 
 @pytest.mark.parametrize("path", DOCS)

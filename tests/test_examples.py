@@ -1,21 +1,11 @@
 """The examples the README and docs point to, launched as they say (torchrun),
-short. (examples/lightning_train.py and accelerate_train.py:
-test_integrations_launch.py.)"""
+short. (examples/lightning_train.py and accelerate_train.py run on the ranks
+of test_integrations_parity.py, and under their frameworks' launchers in
+test_integrations_launch.py, marked slow.)"""
 import math
-import os
 import re
-import subprocess
-import sys
 
-from tests.doc_snippets import ROOT
-
-
-def torchrun(nproc: int, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             f"--nproc_per_node={nproc}", *args], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
-    assert result.returncode == 0, f"{args[0]} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+from tests.launch import torchrun
 
 
 def test_train_example_matches_ddp():

@@ -6,20 +6,13 @@ scripts run in-process in tests/test_integrations_parity.py."""
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import launch
+
 BIN = os.path.dirname(sys.executable)
-
-
-def launch(command, **env):
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
-    return result.stdout
 
 
 @pytest.mark.slow
