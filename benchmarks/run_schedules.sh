@@ -64,5 +64,16 @@ loop mlp-loopback-2 --model mlp --batch 256 --partition-mb 4
 loop widein-loopback-2 --model widein --batch 128 --partition-mb 4
 loop gpt-loopback-2 --model gpt --batch 8 --partition-mb 4
 loop resnet-loopback-2 --model resnet --batch 32 --partition-mb 0.25
+# Loopback, 4 ranks on the 2 cores: the same rows as at 1 Gbit/s, 4 ranks (the MLP split in two to fit memory).
+loop4() {
+  local name=$1; shift; want "$name" || return 0; name=$name${SUFFIX:-}
+  run "$name" $torchrun --standalone --nproc_per_node=4 benchmarks/train_bench.py "$@" \
+    --iters ${ITERS:-3} --rounds ${ROUNDS:-2} --json "$out/$name.json"
+}
+loop4 mlp-loopback-4a --model mlp --batch 128 --runs ddp wfbp wfbp/p4 dear-sharded dear-sharded/p4 dear-replicated dear-replicated/p4
+loop4 mlp-loopback-4b --model mlp --batch 128 --runs ddp bytescheduler bytescheduler/p4/c1 bytescheduler/p4/c4 bytescheduler/p4/c64 auto dear-bo
+loop4 widein-loopback-4 --model widein --batch 128 --partition-mb 4
+loop4 gpt-loopback-4 --model gpt --batch 8 --partition-mb 4
+loop4 resnet-loopback-4 --model resnet --batch 32 --partition-mb 0.25
 # Engine overhead on loopback, compute-bound (target <= 1.05x DDP), bytescheduler included.
 if want overhead; then run overhead $torchrun --nproc_per_node=2 benchmarks/overhead.py --json "$out/overhead.json"; fi

@@ -404,7 +404,6 @@ PYBIND11_MODULE(_C, m) {
            "and nothing else needs the averages")
       .def("end_step", &Engine::end_step, release(),
            "optimizer.step() ends: issues what the next forward consumes, or ends the iteration")
-      .def("start_gathers", &Engine::end_step, release(), "end_step(), by its older name")
       .def("skip_step", &Engine::skip_step)
       .def("require_bucket", &Engine::require_bucket, release())
       .def("flush", &Engine::flush, release())
@@ -416,7 +415,7 @@ PYBIND11_MODULE(_C, m) {
       .def("pending_averages", &Engine::pending_averages, py::arg("param"),
            "Between steps, after flush(): the parameter's averaged gradients later steps apply (a delayed "
            "bucket's), oldest first, as copies.")
-      .def("reload_master_shards", &Engine::reload_master_shards)
+      .def("reload_master_shards", &Engine::reload_master_shards, py::arg("params"))
       .def("bucket_state", &Engine::bucket_state)
       .def_property_readonly("state", &Engine::state)
       .def_property_readonly("prefetch_misses", &Engine::prefetch_misses)

@@ -18,6 +18,7 @@ else:
     from ._optimizer import DistributedOptimizer
     from ._options import SCHEDULES, WrapOptions  # SCHEDULES: every schedule name, from the registry
     from ._wrap import wrap
+    from ._update.elementwise import register_elementwise_optimizer
     from .prediction import ModuleProfile, Network, Prediction, simulate
     from .profiler import TrainingProfile, profile
     from .contention import (fit_comm_cpu_slowdown, fit_comm_slowdown, fit_compute_cpu_slowdown, fit_compute_slowdown,
@@ -25,7 +26,7 @@ else:
     from .autotune import Plan, plan
 
 __version__ = "0.1.0"
-__all__ = ["wrap", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
+__all__ = ["wrap", "register_elementwise_optimizer", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
            "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile", "fit_compute_slowdown",
            "fit_comm_slowdown", "fit_comm_cpu_slowdown", "fit_compute_cpu_slowdown", "fit_iteration_cv", "plan", "Plan",
            "fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS"]

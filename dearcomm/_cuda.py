@@ -2,7 +2,6 @@
 links libcudart and NCCL, which a CPU-only torch does not provide."""
 from __future__ import annotations
 
-import collections
 import datetime
 import os
 from types import ModuleType
@@ -11,12 +10,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ._rank0 import rank0s
+
 _REBUILD = ("rebuild with nvcc (CUDA_HOME) and NCCL's headers (pip install nvidia-nccl-cu13) present and a CUDA "
             "build of torch: DEARCOMM_CUDA=1 pip install --no-build-isolation -e .")
-# Engines built on each process group so far, by the group's name: a group's
-# members build its engines in the same order (building one is collective over
-# it), while a rank in several groups interleaves them its own way.
-_engines_built: "collections.Counter[str]" = collections.Counter()
 
 
 _load_error: Optional[str] = None  # why dearcomm._C_cuda did not import
@@ -53,21 +50,21 @@ def nccl_backend(group: dist.ProcessGroup, device: torch.device, timeout: dateti
                                   f"backend (dearcomm.build_info()['cuda'] is False); {_REBUILD}")
     if not torch.cuda.is_available():
         raise RuntimeError(f"dearcomm: parameters are on {device} but CUDA is not available in this process")
-    prefix = store_prefix(group)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    prefix = store_prefix(group, torch.device("cuda", index))
     store = dist.distributed_c10d._get_default_store()
-    return module.nccl_backend(store, prefix, dist.get_rank(group), dist.get_world_size(group),
-                               device.index if device.index is not None else torch.cuda.current_device(),
+    return module.nccl_backend(store, prefix, dist.get_rank(group), dist.get_world_size(group), index,
                                timeout.total_seconds())
 
 
-def store_prefix(group: dist.ProcessGroup) -> str:
-    """The default store's keys for the next engine on `group`, the same on each of its members.
-
-    Counted per group, not per process: with groups {0, 1} and {0, 2}, rank 0
-    builds an engine on each while ranks 1 and 2 build one, and a count per
-    process would give rank 0's second engine a number rank 2 never reaches
-    (its NCCL id then waits on a key nobody sets until the store times out)."""
+def store_prefix(group: dist.ProcessGroup, device: Optional[torch.device] = None) -> str:
+    """The default store's keys for the next engine on `group`, the same on
+    each of its members (a collective over `group`): numbered by rank 0 of
+    the group, as the CPU engine's connections are (_engine_group.py), so
+    that processes which built different numbers of engines before (a rank
+    in two groups, a rank restarted in place) still meet under one key."""
     name = group.group_name  # torch gives a group the same name on every member
-    number = _engines_built[name]
-    _engines_built[name] += 1
+    store = dist.distributed_c10d._get_default_store()
+    first = dist.get_rank(group) == 0
+    number = rank0s(store.add(f"dearcomm/group{name}/engines", 1) if first else None, group, device)
     return f"dearcomm/group{name}/engine{number}"

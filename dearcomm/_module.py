@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import operator
+import weakref
 from typing import Dict, Iterator, List, Tuple, Type
 
 import torch
@@ -87,8 +88,8 @@ class DearModule:
         parameter that spans buckets once, with the last of them) — with
         dear, when the next forward (or ``sync()``) has waited for the bucket's
         all-gather, so the hook overlaps the rest of the all-gathers; with wfbp,
-        at the end of step(). Parameters read right after step() are otherwise
-        the previous step's under dear; an EMA updated from this hook equals
+        at the end of step(). Under dear, parameters read right after step()
+        are otherwise still being written by the all-gathers; an EMA updated from this hook equals
         DDP's EMA updated after every step (see the README). Also called for
         steps that a GradScaler skipped. Returns a handle with ``remove()``."""
         return self._dear.register_update_hook(hook)
@@ -187,18 +188,19 @@ def _remove_hooks(handles: List[RemovableHandle]) -> List[Tuple[dict, list]]:
     return list(touched.values())
 
 
-def _on_state_dict(module, prefix, keep_vars) -> None:
-    module._dear.sync()
+def _syncing(runtime: DearRuntime):
+    """A state_dict / load_state_dict pre-hook for every submodule: reading
+    parameters must wait for pending all-gathers, and so must loading (an
+    all-gather still in flight would overwrite what is loaded). With
+    update="sharded", step() then takes what was loaded into the optimizer's
+    master copy (UpdateStrategy.adopt_parameter_writes)."""
+    runtime = weakref.ref(runtime)
 
-
-def _before_load(module, *args, **kwargs) -> None:
-    module._dear.sync()  # a pending all-gather would overwrite what is loaded
-
-
-def _after_load(module, incompatible_keys) -> None:
-    runtime = module._dear
-    if runtime.engine is not None and not runtime.planning:  # "auto" restores the values it profiled from
-        runtime.update.after_module_load(runtime.engine)
+    def hook(module, *args, **kwargs) -> None:
+        alive = runtime()
+        if alive is not None:
+            alive.sync()
+    return hook
 
 
 def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:
@@ -210,9 +212,7 @@ def make_dear_module(module: nn.Module, runtime: DearRuntime) -> DearModule:
             "__module__": cls.__module__, "__qualname__": cls.__qualname__, "_dear_plain_class": cls})
     module.__class__ = _classes[cls]
     module._dear = runtime
-    module._dear_hooks = [
-        module.register_state_dict_pre_hook(_on_state_dict),
-        module.register_load_state_dict_pre_hook(_before_load),
-        module.register_load_state_dict_post_hook(_after_load),
-    ]
+    sync = _syncing(runtime)
+    module._dear_hooks = [handle for sub in module.modules() for handle in (
+        sub.register_state_dict_pre_hook(sync), sub.register_load_state_dict_pre_hook(sync))]
     return module

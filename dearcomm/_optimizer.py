@@ -27,7 +27,8 @@ keeps the same scale.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,8 @@ class DistributedOptimizer(Optimizer):
         runtime.on_engine_built.append(self._update.on_engine_built)
         runtime.on_reconfigure.append(self._follow_update_strategy)
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
+        self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
+        self._pending_clip: Optional[Tuple[float, torch.Tensor, bool]] = None  # clip_grad_norm_'s, applied in step()
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
     # schedulers, hyper-parameter edits and the user's load_state_dict(), which
@@ -115,28 +118,45 @@ class DistributedOptimizer(Optimizer):
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
         self._check_groups_unchanged()
+        for hook in list(self.optimizer._optimizer_step_pre_hooks.values()):
+            hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
         if scaling and self._runtime.delayed.delays:
             raise NotImplementedError(
                 "dearcomm: schedule='deft' with delayed buckets does not take a GradScaler: a delayed gradient was "
                 "scaled by an earlier step's scale, which the scaler may have changed since. Use bfloat16 autocast "
                 "(no scaler), or wrap(..., max_delay=0)")
-        clipping = self._runtime.options.max_grad_norm is not None
+        if scaling:
+            self._scaler = weakref.ref(grad_scaler)
+        clipping = self._runtime.options.max_grad_norm is not None or self._pending_clip is not None
         engine.begin_step(averages_needed=scaling or clipping)  # waits for the reductions unless the schedule leaves them to the next forward
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"
         self._check_grads_untouched(allowed_changes=1 if user_unscaled else 0)
         self._runtime.forget_grad_versions()
+        self._update.adopt_parameter_writes()
+        pending_clip, self._pending_clip = self._pending_clip, None
         if scaling and self._amp_step(grad_scaler, user_unscaled):
             engine.skip_step()  # inf/NaN on some rank: every rank skips, as GradScaler would
             self._runtime.after_step()
+            self._user_post_hooks()
             return None
+        if pending_clip is not None:
+            max_norm, norm, unscaled = pending_clip
+            if scaling and not unscaled:
+                norm.mul_(grad_scaler._scale.double().reciprocal().float().to(norm.device))  # the tensor returned
+            self._update.scale_averages(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
         self.optimizer._opt_called = True  # what an LR scheduler over your optimizer checks (it may not step itself)
         engine.end_step()
         self._runtime.after_step()
+        self._user_post_hooks()
         return None
+
+    def _user_post_hooks(self) -> None:
+        for hook in list(self.optimizer._optimizer_step_post_hooks.values()):
+            hook(self.optimizer, (), {})
 
     def _check_grads_untouched(self, allowed_changes: int = 0) -> None:
         changed = self._runtime.grads_changed_since_backward(allowed_changes)
@@ -144,8 +164,9 @@ class DistributedOptimizer(Optimizer):
             raise RuntimeError(
                 f"dearcomm: .grad of {changed[0]!r}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''} "
                 "was changed after backward (e.g. by torch.nn.utils.clip_grad_norm_, or scaler.unscale_ before "
-                "clipping, or zero_grad() before step()). With schedule='dear' .grad holds this rank's local "
-                "gradient; what step() applies was reduce-scattered during backward, so the change would be lost. "
+                f"clipping, or zero_grad() before step()). With schedule={self._runtime.options.schedule!r} .grad "
+                "holds this rank's local gradient; what step() applies was reduced during backward, so the change "
+                "would be lost. "
                 "Clip with optimizer.clip_grad_norm_(max_norm) between backward and step(), or "
                 "wrap(..., max_grad_norm=...) (with a GradScaler: wrap(max_grad_norm=), applied after unscaling). "
                 "schedule='wfbp' keeps the averaged gradient in .grad, as DDP does.")
@@ -194,15 +215,29 @@ class DistributedOptimizer(Optimizer):
         with one scalar all-reduce, and the shards are scaled before any update
         or all-gather. wfbp: every rank holds full averaged gradients already
         (torch.nn.utils.clip_grad_norm_(model.parameters()) works as well).
-        With a GradScaler and dear, use wrap(max_grad_norm=) instead: it clips
-        after the scaler unscaled the shards."""
+        With a GradScaler (scaler.unscale_(optimizer) first or not), dear's
+        shards are still scaled here (unscale_ reaches .grad only): the norm
+        is divided by the scale, and the clipping applied in step(), after
+        the scaler unscaled the shards. From the second step on the norm
+        returned is the unscaled one at once; in the first, dearcomm meets
+        the scaler only in step(), which corrects the returned tensor in
+        place (read it after step()). wrap(max_grad_norm=) clips in step()
+        as well."""
         check_clip_arguments(max_norm, norm_type)
         engine = self._runtime.engine
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
             raise RuntimeError("dearcomm: clip_grad_norm_() belongs between backward and optimizer.step()")
         engine.finish_reductions()
         self._check_grads_untouched()  # nothing to check where step() applies .grad as it is then
-        return self._update.clip_grad_norm_(max_norm, norm_type)
+        if self._update.averaged_in_grad:  # wfbp: .grad, which a GradScaler's unscale_ unscaled
+            return self._update.clip_grad_norm_(max_norm, norm_type)
+        norm = self._update.grad_norm(norm_type)
+        scaler = self._scaler() if self._scaler is not None else None
+        unscaled = scaler is not None and scaler.is_enabled()
+        if unscaled:
+            norm.mul_(scaler._scale.double().reciprocal().float().to(norm.device))
+        self._pending_clip = (float(max_norm), norm, unscaled)
+        return norm
 
     # ---- checkpoints ------------------------------------------------------------
 

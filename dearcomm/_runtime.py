@@ -11,23 +11,30 @@ Hooks and what they do:
       after step():   training forward -> engine.require_bucket(b) for the
                       module's buckets (waits for its all-gather);
                       no-grad/eval forward -> engine.flush().
-  forward pre-hook on the root (broadcast_buffers=True, model has buffers)
-      training forward: rank 0's buffers to every rank, as DDP does.
+  forward pre-hook on the root
+      training forward: an error if the last backward raised midway (its
+      collectives no longer pair up).
+  forward hooks on the root
+      training forward: a hook on each output tensor queues the
+      end-of-backward callback when backward reaches it; rank 0's buffers
+      to every rank (broadcast_buffers=True, model has buffers), so later
+      forwards start from them, as with DDP.
   post-accumulate-grad hook (every parameter that requires grad)
       engine.mark_grad_ready(i, grad): pack (nothing to pack where .grad is
       its bucket view: autograd accumulated into the bucket), and launch
       reductions in order; the first one of a backward queues the
-      end-of-backward callback, which checks that every parameter got its
+      end-of-backward callback if no output hook did. That callback checks that every parameter got its
       gradient and finishes the reductions where .grad is what they read or
       write (wfbp: .grad holds the average when backward returns, as with
       DDP; dear with .grad views: the reduce-scatters read .grad, which code
       between backward and step(), such as GradScaler.unscale_, may write);
       (dear) notes the gradients' version counters, which step() checks.
 
-Every hook holds the runtime weakly (a dropped model is freed by reference
-counting, although the engine's C++ side keeps the parameters alive) and is
-excluded from torch.compile (graph breaks at the hooks; the engine's state is
-not something to guard on).
+Every hook holds the runtime weakly, so no hook keeps a dropped model alive
+(the model, its runtime and optimizer refer to each other: the garbage
+collector frees them at its next run; model.close() releases the engine's
+buffers at once), and is excluded from torch.compile (graph breaks at the
+hooks; the engine's state is not something to guard on).
 """
 from __future__ import annotations
 
@@ -132,9 +139,11 @@ class DearRuntime:
         self._ran_set = set()
         self._module_params: Dict[nn.Module, List[nn.Parameter]] = {}
         self._module_buckets: Dict[nn.Module, List[int]] = {}
-        self._end_of_backward_queued = False
+        self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
+        self._grads_arrived = False  # a gradient reached the engine since the last end of backward
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
+        self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
         self._grad_versions: Optional[List[Tuple[Optional[torch.Tensor], int]]] = None  # dear, after backward
         self._update_hooks: Dict[int, UpdateHook] = {}
         self._next_hook_id = 0
@@ -152,11 +161,11 @@ class DearRuntime:
             self._forward_handles[sub] = sub.register_forward_pre_hook(_weak_hook(self._on_forward))
         for param in self.names:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
-        self._buffers = [b for b in module.buffers()]
-        self._buffers_due = True  # the next training forward broadcasts them
         self._engine_group: Optional[dist.ProcessGroup] = None  # the CPU engine's connections (_engine_group.py)
-        if options.broadcast_buffers and self._buffers:
-            self._handles.append(module.register_forward_pre_hook(_weak_hook(self._broadcast_buffers)))
+        if options.broadcast_buffers and any(True for _ in module.buffers()):
+            self._handles.append(module.register_forward_hook(_weak_hook(self._broadcast_buffers)))
+        self._handles.append(module.register_forward_pre_hook(_weak_hook(self._check_last_backward_ended)))
+        self._handles.append(module.register_forward_hook(_weak_hook(self._hook_outputs)))
 
     # ---- hooks -------------------------------------------------------------
 
@@ -180,17 +189,65 @@ class DearRuntime:
         else:
             self.sync()  # eval / no_grad: see every update
 
-    def _broadcast_buffers(self, module: nn.Module, args) -> None:
-        # As DDP (broadcast_buffers=True): a training forward starts from rank
-        # 0's buffers (BatchNorm's running statistics), so every rank keeps the
-        # same; and, as DDP, only the first training forward and those after a
-        # synchronising one do (with no_sync() accumulation: the first
-        # micro-batch of each step, not the last).
-        if not (module.training and torch.is_grad_enabled()) or self.planning:
+    def _broadcast_buffers(self, module: nn.Module, args, output) -> None:
+        # As DDP (broadcast_buffers=True), every rank's forwards start from
+        # rank 0's buffers (BatchNorm's running statistics) after a
+        # synchronising training forward: DDP broadcasts before the next
+        # forward, an eval one included, which would make a rank-0-only eval
+        # a collective; broadcasting right after the training forward gives
+        # every later forward the same buffers with no collective outside
+        # training. Inside no_sync() each rank keeps its own, as with DDP.
+        if not (module.training and torch.is_grad_enabled()) or self.planning or not self.sync_gradients:
             return
-        if self._buffers_due:
-            dist._broadcast_coalesced(self.group, self._buffers, _BUFFER_BROADCAST_BYTES, 0)
-        self._buffers_due = self.sync_gradients
+        buffers = list(module.buffers())  # as they are now: a buffer may have been reassigned since wrap()
+        # Version counters kept, as DDP keeps them: this forward (and an
+        # earlier one of the iteration: two views, real and fake batches)
+        # saved BatchNorm's running statistics for backward, which would
+        # refuse them after the copy; training-mode backward reads their
+        # versions, not their values.
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
+            dist._broadcast_coalesced(self.group, buffers, _BUFFER_BROADCAST_BYTES, 0)
+
+    def _hook_outputs(self, module: nn.Module, args, output) -> None:
+        """Training forward of the root: a hook on its outputs queues the
+        end-of-backward callback when backward reaches them, on the graph
+        task that runs the whole backward (as FSDP does). Queued from the
+        first gradient instead, it would run at the end of a reentrant
+        checkpoint's inner backward where that gradient arrived first (the
+        last layer checkpointed), before the other layers' gradients."""
+        if self.planning or not self.sync_gradients or not (module.training and torch.is_grad_enabled()):
+            return
+        hook = _weak_hook(self._backward_reached_outputs)
+        for leaf in torch.utils._pytree.tree_leaves(output):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                leaf.register_hook(hook)
+
+    def _backward_reached_outputs(self, grad: torch.Tensor) -> None:
+        self._queue_end_of_backward()
+
+    def _queue_end_of_backward(self) -> None:
+        if not self._end_of_backward_queued:
+            self._end_of_backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(_weak_hook(self._end_of_backward))
+
+    def _check_last_backward_ended(self, module: nn.Module, args) -> None:
+        """A training forward outside any backward while the last backward's
+        end never ran: that backward raised after some gradients reached the
+        engine (an out-of-memory caught by the loop, say). Its reductions were
+        issued for some buckets and not others, on this rank and maybe
+        differently on the others: the ranks' collectives no longer pair up."""
+        if not (self._end_of_backward_queued and module.training and torch.is_grad_enabled()):
+            return
+        if torch._C._current_graph_task_id() != -1:
+            return  # a forward recomputed inside backward (activation checkpointing)
+        if not self._grads_arrived:
+            self._end_of_backward_queued = False  # it raised before any gradient reached dearcomm: nothing to undo
+            return
+        raise RuntimeError(
+            "dearcomm: the previous backward did not finish (an exception was raised inside it, after some "
+            "gradients had reached dearcomm): its collectives were issued for some buckets and not for others, "
+            "so the ranks' communication no longer pairs up and training cannot go on (as with DDP). Resume from "
+            "a checkpoint in a new process; to skip bad batches, check the loss before backward()")
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:
@@ -200,25 +257,30 @@ class DearRuntime:
         if self.engine is None:
             with _C.no_python_tls():  # its collectives' Works must not keep backward's Python objects
                 self._build_engine()
-        if not self._end_of_backward_queued:
-            self._end_of_backward_queued = True
+        if not self._grads_arrived:
+            self._grads_arrived = True
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
-            torch.autograd.Variable._execution_engine.queue_callback(_weak_hook(self._end_of_backward))
+            self._queue_end_of_backward()  # where the loss did not come from the root's outputs
         self.engine.mark_grad_ready(self.index[param], param.grad)
 
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
+        if not self._grads_arrived:
+            return  # a backward that reached no parameter: torch.autograd.grad(outputs, inputs)
+        self._grads_arrived = False
         engine = self.engine
         missing = engine.missing_grads()
         if missing:
             self._check_not_replaced(missing)
+        unused_here = []  # no gradient in this backward, none accumulated before
         if self.options.find_unused_parameters:
             for i in missing:
                 # As DDP: an unused parameter contributes its .grad, which holds
                 # what earlier no_sync() micro-batches accumulated; zeros if none.
                 grad = self.params[i].grad
                 if grad is None:
+                    unused_here.append(i)
                     if i not in self._zeros:
                         self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
                     grad = self._zeros[i]
@@ -228,8 +290,26 @@ class DearRuntime:
         # .grad holds the average, as with DDP) or where they read .grad's
         # memory, which the user's code may write next (scaler.unscale_, clipping).
         engine.end_backward()
+        if self.options.find_unused_parameters:
+            self._agree_on_unused(unused_here)
         self.delayed.after_backward()  # a loaded checkpoint's delayed gradients; the guard's figures
         self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
+
+    def _agree_on_unused(self, unused_here: List[int]) -> None:
+        """find_unused_parameters: which parameters no rank used (and none had
+        a .grad from no_sync() micro-batches), one small all-reduce per
+        backward, as DDP's. As with DDP they keep .grad None and step() leaves
+        them and their optimizer state alone: a zero gradient would still
+        move them under momentum or weight decay."""
+        flags = torch.zeros(len(self.params), dtype=torch.int32, device=self.params[0].device)
+        flags[unused_here] = 1
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        self.unused_everywhere = frozenset(flags.nonzero().flatten().tolist())
+        if self.update.averaged_in_grad:  # .grad holds the average, zeros for these: None, as DDP leaves it
+            delayed = self.delayed.delays or {}
+            for i in self.unused_everywhere:
+                if self.names[self.params[i]] not in delayed:  # a delayed bucket's .grad is an earlier step's
+                    self.params[i].grad = None
 
     def _check_not_replaced(self, indices: List[int]) -> None:
         """A parameter replaced after wrap() (``module.weight = nn.Parameter(...)``)
@@ -248,9 +328,9 @@ class DearRuntime:
             raise RuntimeError(
                 f"dearcomm: parameter(s) {replaced} of the wrapped model were replaced after wrap() (e.g. "
                 "module.weight = nn.Parameter(...)); dearcomm's buckets and the optimizer still hold the old "
-                "ones, so the new ones would train unsynchronised. Copy new values in place instead "
-                "(with torch.no_grad(): module.weight.copy_(value), or model.load_state_dict()), or change the "
-                "model before wrap()")
+                "ones, so the new ones would train unsynchronised. Copy new values in place instead (after "
+                "model.sync(): with torch.no_grad(): module.weight.copy_(value), or load_state_dict()), or change "
+                "the model before wrap()")
 
     # ---- what step() checks and reports -------------------------------------
 

@@ -16,6 +16,7 @@ from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
 from ._runtime import DearRuntime
 from ._self_planning import SelfPlanner, plans_itself
+from ._update.elementwise import is_elementwise, not_elementwise_message
 
 
 def wrap(
@@ -85,7 +86,9 @@ def wrap(
     Args:
         module: the model, on CPU (gloo). Every rank passes the same architecture.
         optimizer: a torch optimizer over (some of) the module's parameters.
-            update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...).
+            update="sharded" needs an element-wise optimizer (SGD, Adam, AdamW, ...;
+            dearcomm.register_elementwise_optimizer declares others); with any
+            other (Adafactor, LAMB, LARS) the update defaults to "replicated".
         bucket_mb: fusion threshold in MiB (default 25); 0 = one bucket per tensor;
             float("inf") = no cap.
         partition_mb: if set, no bucket is larger: a tensor larger than it is
@@ -131,13 +134,15 @@ def wrap(
         process_group: default: the default group.
         timeout: limit for one collective; default: the process group's timeout.
         find_unused_parameters: False (default): a parameter without a gradient in
-            a backward raises an error naming it. True: its gradient counts as zero.
+            a backward raises an error naming it. True: its gradient counts as zero
+            (what no_sync() accumulated, if any); one no rank used is left alone by the step.
         max_grad_norm: if set, step() clips to this global L2 norm first (see
             DistributedOptimizer.clip_grad_norm_).
         comm_dtype: gradients travel in this dtype (torch.bfloat16 / torch.float16
             halve the bytes); default: the parameters' dtype. Master shards stay fp32.
-        broadcast_buffers: True (default, as DDP): each training forward starts
-            from rank 0's buffers (e.g. BatchNorm statistics). False: buffers stay per rank.
+        broadcast_buffers: True (default, as DDP): after each training forward
+            every rank holds rank 0's buffers (e.g. BatchNorm statistics), so
+            later forwards, eval ones included, start from them. False: buffers stay per rank.
 
     Returns:
         ``(module, optimizer)``: the same module object, now also a
@@ -145,6 +150,11 @@ def wrap(
         plain, synced module of its original class), and a
         :class:`DistributedOptimizer` to use in place of ``optimizer``.
     """
+    if isinstance(optimizer, Optimizer) and not is_elementwise(optimizer):
+        if update == "sharded":
+            raise ValueError(not_elementwise_message(optimizer))
+        if update is None:
+            update = "replicated"  # every schedule has it; "sharded" would silently train otherwise
     options, auto, auto_max_delay = resolve_options(bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks,
                                     priorities=priorities, max_delay=max_delay, delays=delays,
                                     credit_mb=credit_mb, schedule=schedule, update=update,
@@ -216,6 +226,13 @@ def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:
     if len(devices) > 1:
         raise ValueError(f"dearcomm: parameters are on several devices {sorted(map(str, devices))}; "
                          "move the whole model to one device before wrap()")
+    for device in devices:
+        if device.type == "meta":
+            raise ValueError("dearcomm: the parameters are on the meta device (shapes without data); materialize "
+                             "them first (model.to_empty(device=...) and initialize them) and wrap() the model then")
+        if device.type not in ("cpu", "cuda"):
+            raise NotImplementedError(f"dearcomm: parameters on {device}; dearcomm trains on the CPU (gloo) or on "
+                                      "CUDA GPUs (NCCL)")
     for name, sub in module.named_modules():
         if getattr(sub, "sparse", False) is True and isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
             raise ValueError(f"dearcomm: module '{name}' ({type(sub).__name__}) makes sparse gradients; "

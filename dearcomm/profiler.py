@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from ._lockstep import Lockstep
+from ._step_hooks import step_without_hooks
 from .prediction import ModuleProfile
 
 FORMAT = "dearcomm-profile"
@@ -331,7 +332,7 @@ class _Probe:
         if optimizer is not None:
             self._meet()
             step_start = self.now()
-            optimizer.step()
+            step_without_hooks(optimizer)  # profiling steps are not the user's steps
             step_end = self.now()
         order = list(self.calls)  # in the order of their first call
         if self.forward_order is None:

@@ -1,5 +1,6 @@
 """Bad input gets a clear error that names the problem, on every rank, and
 nothing hangs (every multi-process run has a deadline)."""
+import copy
 import datetime
 import re
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dearcomm
-from tests.models import MixedNet, batches, local_slice
+from tests.models import MixedNet, batches, local_slice, step_on_global_batch
 from tests.multiprocess import run_workers
 
 
@@ -85,6 +86,10 @@ def misuse_worker(rank, world_size):
 
     def foreign_optimizer():
         dearcomm.wrap(MixedNet(), sgd(MixedNet()))
+
+    def meta_device():
+        model = nn.Linear(4, 4, device="meta")
+        dearcomm.wrap(model, sgd(model))
 
     def sparse_embedding():
         model = nn.Sequential(nn.Embedding(10, 3, sparse=True))
@@ -178,6 +183,7 @@ def misuse_worker(rank, world_size):
 
 MISUSE = {
     "foreign_optimizer": ("ValueError", r"param_groups\[0\]\['params'\]\[0\] \(shape \(1,\)\) is not a parameter of the module"),
+    "meta_device": ("ValueError", "parameters are on the meta device \\(shapes without data\\); materialize"),
     "sparse_embedding": ("ValueError", "module '0' \\(Embedding\\) makes sparse gradients"),
     "complex_parameter": ("TypeError", "parameter 'w' has dtype torch.complex64"),
     "wrap_twice": ("ValueError", "already wrapped"),
@@ -277,3 +283,66 @@ def test_dead_peer_raises_within_timeout(schedule, update, when):
         assert message is not None, f"rank {rank} finished training without its dead peer"
         assert f"dearcomm: [rank {rank}]" in message and "of bucket" in message, message
         assert seconds < PEER_TIMEOUT.total_seconds() + 30, f"rank {rank} took {seconds:.0f} s to notice"
+
+
+# ---- an exception inside backward ---------------------------------------------------
+
+class RaiseInBackward(torch.autograd.Function):
+    """Identity whose backward raises while ``armed`` (an out-of-memory, say)."""
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if RaiseInBackward.armed:
+            raise RuntimeError("out of memory (simulated)")
+        return grad
+
+
+def backward_raises_worker(rank, world_size, where):
+    """Every rank's backward raises in step 1 and the loop skips the batch, as
+    an out-of-memory handler would. Raised before any gradient reached
+    dearcomm (in the loss), training goes on as if the batch had not been
+    there; raised after the head's gradients were reduced (between head and
+    fc), the next training forward names what happened instead of a later
+    step failing on a "second gradient" or the ranks hanging."""
+    torch.manual_seed(0)
+    model = MixedNet()
+    reference = copy.deepcopy(model)
+    if where == "after-some-gradients":
+        model.fc.register_forward_hook(lambda module, args, out: RaiseInBackward.apply(out))
+    model, optimizer = dearcomm.wrap(model, sgd(model), bucket_mb=0)
+    ref_opt = sgd(reference)
+    for step, (x, y) in enumerate(batches(4, 12)):
+        RaiseInBackward.armed = step == 1
+        try:
+            loss = F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size))
+            if where == "in-the-loss":
+                loss = RaiseInBackward.apply(loss)
+            loss.backward()
+        except RuntimeError as e:
+            if "simulated" not in str(e):
+                return "raised", str(e)
+            optimizer.zero_grad()
+            continue
+        optimizer.step()
+        optimizer.zero_grad()
+        step_on_global_batch(reference, ref_opt, x, y)
+    model.sync()
+    torch.testing.assert_close(dict(model.named_parameters()), dict(reference.named_parameters()),
+                               rtol=1e-5, atol=1e-6)
+    return "trained", None
+
+
+def test_backward_that_raised_before_any_gradient_leaves_training_intact():
+    assert run_workers(backward_raises_worker, 2, "in-the-loss", deadline=120) == [("trained", None)] * 2
+
+
+def test_backward_that_raised_midway_is_named_at_the_next_forward():
+    for rank, (outcome, message) in enumerate(run_workers(backward_raises_worker, 2, "after-some-gradients",
+                                                          deadline=120)):
+        assert outcome == "raised", f"rank {rank} trained on after a backward that raised midway"
+        assert "dearcomm: the previous backward did not finish" in message, message

@@ -13,7 +13,8 @@ end).
 
 Yardsticks: one process trained on the global batch; for ResNet-18, whose
 BatchNorm makes data-parallel training differ from one process, torch DDP
-(broadcast_buffers=True, its default) in the same worker, from a deep copy of
+(broadcast_buffers=True, its default; its buffers as its next forward would
+start from them, rank 0's) in the same worker, from a deep copy of
 the same initial model, on the same slices (at 3 ranks its parameters and
 buffers are compared by the error of their whole update: see
 PARAMETER_UPDATE_RTOL). For the other models DDP also runs beside, as the case
@@ -30,6 +31,7 @@ import traceback
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dearcomm
@@ -117,6 +119,9 @@ def train_ddp(spec, initial, optimizer_kind, data, rank, world_size):
         optimizer.zero_grad()
         losses.append(loss.detach())
     del ddp
+    with torch.no_grad():  # the buffers DDP's next forward starts from: it broadcasts rank 0's first
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
     return losses, final_state(model)
 
 

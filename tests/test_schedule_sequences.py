@@ -76,7 +76,7 @@ def one_iteration(rank, world_size, schedule, update, credit):
     if engine.reductions_waited != "in_next_forward":
         engine.finish_reductions()  # step(): wait for every reduction ...
         note()
-    engine.start_gathers()      # ... and issue what the next forward needs
+    engine.end_step()      # ... and issue what the next forward needs
     note()
     for b in range(len(layout.buckets)):  # the next forward, bucket by bucket
         engine.require_bucket(b)
@@ -188,7 +188,7 @@ def link_model_worker(rank, world_size, rank0_syncs=False):
             engine.mark_grad_ready(p, torch.ones(BIG_SIZES[p]))
             if i == 0:
                 models.append(list(engine.link_model))  # what this backward's policy got
-        engine.start_gathers()
+        engine.end_step()
         for b in range(len(layout.buckets)):
             engine.require_bucket(b)
         sequences.append(issued(engine))
@@ -229,7 +229,7 @@ def pinned_link_worker(rank, world_size):
     engine.pin_link_model([0] * len(layout.buckets))
     for p in arrival_order(rank):
         engine.mark_grad_ready(p, torch.ones(SIZES[p]))
-    engine.start_gathers()
+    engine.end_step()
     for b in range(len(layout.buckets)):
         engine.require_bucket(b)
     return issued(engine)

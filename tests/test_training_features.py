@@ -116,7 +116,8 @@ class Checkpointed(MixedNet):
         x = self.embed(tokens).transpose(1, 2)
         x = checkpoint(lambda t: self.norm(self.conv(t).transpose(1, 2)), x, use_reentrant=self.use_reentrant)
         x = checkpoint(lambda t: torch.relu(self.fc(t.flatten(1))) * self.scale, x, use_reentrant=self.use_reentrant)
-        return self.head(x)
+        # The last layer too: its gradients, the backward's first, arrive inside a reentrant checkpoint's own backward.
+        return checkpoint(self.head, x, use_reentrant=self.use_reentrant)
 
 
 def checkpointing_worker(rank, world_size):
@@ -132,6 +133,40 @@ def checkpointing_worker(rank, world_size):
                 step_on_global_batch(reference, ref_opt, x, y)
             model.sync()
             assert_same_parameters(model, reference, f"use_reentrant={reentrant}")
+    return each_schedule(rank, world_size, run)
+
+
+# ---- writes into parameters between steps ----------------------------------------------
+
+def parameter_writes_worker(rank, world_size):
+    """What users write into a wrapped model's parameters between steps, after
+    sync(): a submodule's load_state_dict (a pretrained part), weight clipping
+    in place (WGAN), nn.init on one layer. With update="sharded" the optimizer
+    steps a master copy, which must take these writes in; the reference does
+    the same writes on one process."""
+    def writes(model, step):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.clamp_(-0.2, 0.2)
+        if step == 1:
+            model.head.load_state_dict({k: torch.full_like(v, 0.01) for k, v in model.head.state_dict().items()})
+        if step == 2:
+            nn.init.constant_(model.fc.bias, 0.05)
+
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = MixedNet()
+        reference = copy.deepcopy(model)
+        optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+        for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+            step_on_global_batch(reference, ref_opt, x, y)
+            model.sync()
+            writes(model, step)
+            writes(reference, step)
+        model.sync()
+        assert_same_parameters(model, reference, "writes between steps")
     return each_schedule(rank, world_size, run)
 
 
@@ -155,7 +190,10 @@ class Branchy(nn.Module):
 def unused_worker(rank, world_size):
     """Also guards against dropping what no_sync() accumulated for a
     parameter that the last micro-batch does not use: it must be reduced (as
-    DDP does), not replaced by zeros."""
+    DDP does), not replaced by zeros; and against moving a parameter that no
+    rank used (`never`): as with DDP it keeps .grad None and the optimizer
+    skips it, where a zero gradient would move it under momentum and weight
+    decay."""
     def run(schedule, update):
         run_steps(schedule, update, accumulate=False)
         run_steps(schedule, update, accumulate=True)
@@ -164,8 +202,8 @@ def unused_worker(rank, world_size):
         torch.manual_seed(0)
         model = Branchy()
         reference = copy.deepcopy(model)
-        # plain SGD: a zero gradient changes nothing, as a missing one would
-        optimizer, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+        optimizer, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+                              for m in (model, reference))
         model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update,
                                          find_unused_parameters=True)
         g = torch.Generator().manual_seed(3)
@@ -193,8 +231,10 @@ def unused_worker(rank, world_size):
     return each_schedule(rank, world_size, run)
 
 
-@pytest.mark.parametrize("worker", [clipping_worker, accumulation_worker, checkpointing_worker, unused_worker],
-                         ids=["clipping", "no_sync-accumulation", "activation-checkpointing", "unused-parameters"])
+@pytest.mark.parametrize("worker", [clipping_worker, accumulation_worker, checkpointing_worker, unused_worker,
+                                    parameter_writes_worker],
+                         ids=["clipping", "no_sync-accumulation", "activation-checkpointing", "unused-parameters",
+                              "parameter-writes"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_feature_parity(worker, world_size):
     for rank, failures in enumerate(run_workers(worker, world_size, deadline=240)):

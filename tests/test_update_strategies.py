@@ -155,3 +155,59 @@ def test_update_hooks_name_each_parameter_once_with_the_last_of_its_buckets(orde
             assert not set(buckets_of(layout.params[i])) & set(unreported)
             reported.append(i)
     assert sorted(reported) == [0, 1, 2]
+
+
+# ---- which optimizers may be sharded ---------------------------------------------------
+
+def optimizer_choice_worker(rank, world_size):
+    """Adafactor (factored second moment) is not element-wise: wrap() trains
+    it with the replicated update by default, equal to one process on the
+    global batch, and refuses update="sharded" by name; a class registered as
+    element-wise keeps the sharded default."""
+    import copy
+
+    import dearcomm
+    from tests.models import MixedNet, batches, step_on_global_batch, step_on_slice
+
+    torch.manual_seed(0)
+    model = MixedNet()
+    reference = copy.deepcopy(model)
+    make = lambda m: torch.optim.Adafactor(m.parameters(), lr=0.01)  # noqa: E731
+    try:
+        dearcomm.wrap(copy.deepcopy(model), make(model), update="sharded")
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    model, optimizer = dearcomm.wrap(model, make(model))
+    ref_opt = make(reference)
+    for x, y in batches(4, 12):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+        step_on_global_batch(reference, ref_opt, x, y)
+    model.sync()
+    difference = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+
+    @dearcomm.register_elementwise_optimizer
+    class Sign(torch.optim.Optimizer):  # signSGD: element-wise
+        def __init__(self, params, lr=0.01):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.sub_(group["lr"] * p.grad.sign())
+
+    other = MixedNet()
+    other, _ = dearcomm.wrap(other, Sign(other.parameters()))
+    return refused, model._dear.options.update, difference, other._dear.options.update
+
+
+def test_only_element_wise_optimizers_are_sharded():
+    from tests.multiprocess import run_workers
+    for rank, (refused, update, difference, registered) in enumerate(run_workers(optimizer_choice_worker, 2)):
+        assert refused is not None and "Adafactor is not known to be one" in refused, refused
+        assert "update='replicated'" in refused and "register_elementwise_optimizer(Adafactor)" in refused, refused
+        assert update == "replicated", f"rank {rank}: Adafactor trained with update={update!r}"
+        assert difference < 1e-5, f"rank {rank}: Adafactor differs from one process by {difference:.2e}"
+        assert registered == "sharded", f"rank {rank}: a registered element-wise optimizer got {registered!r}"

@@ -343,3 +343,38 @@ def save_pretrained_worker(rank, world_size, directory):
 def test_save_pretrained_writes_the_original_class(tmp_path):
     pytest.importorskip("transformers")
     assert_no_failures(run_workers(save_pretrained_worker, 2, str(tmp_path), deadline=180))
+
+
+def step_hooks_worker(rank, world_size):
+    """Step hooks, as torch runs them for one optimizer: once per step(),
+    whether registered on the returned optimizer, on the user's optimizer
+    before wrap() (a library's, say), or globally, though the updates step
+    the user's optimizer once per bucket (replicated) or another instance of
+    its class (sharded)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def run(schedule, update):
+        calls = {"user": 0, "returned": 0, "global": 0}
+
+        def counter(key):
+            def hook(*args):
+                calls[key] += 1
+            return hook
+        model = MixedNet()
+        optimizer = make_optimizer("adamw", model)
+        optimizer.register_step_post_hook(counter("user"))
+        model, returned = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
+        returned.register_step_post_hook(counter("returned"))
+        handle = register_optimizer_step_post_hook(counter("global"))
+        try:
+            for x, y in batches(3, 12):
+                step_on_slice(model, returned, x, y, rank, world_size)
+            model.sync()
+        finally:
+            handle.remove()
+        assert calls == {"user": 3, "returned": 3, "global": 3}, calls
+    return each_schedule_on_rank(rank, world_size, run)
+
+
+def test_step_hooks_run_once_per_step():
+    assert_no_failures(run_workers(step_hooks_worker, 2))

@@ -56,9 +56,13 @@ def local_loss(model, x, y, rank, world_size):
 def grad_scaler_worker(rank, world_size):
     """GradScaler's recipe, with a step where only rank 1's loss overflows: every
     rank must skip that step and back off the scale together, and the others
-    must apply unscaled gradients (a scale of 2^10 left in would show at once)."""
+    must apply unscaled gradients (a scale of 2^10 left in would show at once).
+    "optimizer-clip": torch's recipe with dearcomm's clip, scaler.unscale_ then
+    optimizer.clip_grad_norm_: with dear what step() applies is still scaled
+    when it is called, yet its norm (read after step(), as the first step
+    learns of the scaler only then) and its clipping must be the unscaled ones."""
     def run(schedule, update, bucket_mb):
-        for variant in ("plain", "unscale_", "clip"):
+        for variant in ("plain", "unscale_", "clip", "optimizer-clip"):
             if variant == "clip" and not averaged_in_grad(schedule, update):
                 options = dict(max_grad_norm=0.3)  # dear, bytescheduler: clip inside step(), after unscaling
             else:
@@ -72,10 +76,12 @@ def grad_scaler_worker(rank, world_size):
                 if overflow and rank == 1:
                     loss = loss * float("inf")
                 scaler.scale(loss).backward()
-                if variant == "unscale_" or (variant == "clip" and averaged_in_grad(schedule, update)):
+                if variant in ("unscale_", "optimizer-clip") or (variant == "clip" and averaged_in_grad(schedule, update)):
                     scaler.unscale_(optimizer)
                 if variant == "clip" and averaged_in_grad(schedule, update):
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+                if variant == "optimizer-clip":
+                    norm = optimizer.clip_grad_norm_(0.3)
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad()
@@ -83,8 +89,11 @@ def grad_scaler_worker(rank, world_size):
                 ref_loss = F.cross_entropy(reference(x), y) * (float("inf") if overflow else 1.0)
                 ref_scaler.scale(ref_loss).backward()
                 ref_scaler.unscale_(ref_opt)
-                if variant == "clip":
-                    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+                if variant in ("clip", "optimizer-clip"):
+                    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
+                if variant == "optimizer-clip" and not overflow:
+                    assert ref_norm > 0.3, "the test must actually clip"
+                    torch.testing.assert_close(norm, ref_norm, **TOL, msg=lambda m: f"step {step} norm: {m}")
                 ref_scaler.step(ref_opt)
                 ref_scaler.update()
                 ref_opt.zero_grad()
@@ -301,6 +310,10 @@ def buffers_worker(rank, world_size):
                     opt.zero_grad()
             model.sync()
             what = f"broadcast_buffers={broadcast}"
+            if broadcast:  # the buffers DDP's next forward starts from; dearcomm broadcast them after its last one
+                with torch.no_grad():
+                    for buffer in ddp.module.buffers():
+                        dist.broadcast(buffer, 0)
             assert_same_parameters(model, ddp.module, what)
             torch.testing.assert_close(dict(model.named_buffers()), dict(ddp.module.named_buffers()), **TOL,
                                        msg=lambda m: f"{what}: {m}")
@@ -358,8 +371,8 @@ def engine_group_worker(rank, world_size):
             model.sync()
             running = [torch.zeros_like(model.bn.running_mean) for _ in range(2)]
             dist.all_gather(running, model.bn.running_mean, group=group)
-            # the last forward started from rank 0's statistics, then each rank added its own batch's
-            assert not torch.equal(running[0], running[1]), "the ranks' batches should differ"
+            # each rank's batch moved its own statistics; the end of every training forward broadcast rank 0's
+            assert torch.equal(running[0], running[1]), "the buffers' broadcast over the training group is missing"
         except AssertionError as e:
             failures["engine group"] = str(e)
         for model, _ in models:

@@ -207,7 +207,8 @@ void Executor::check_backward_complete() const {
       "dearcomm: [rank ", rank_, "] ", missing.size(), " parameter(s) got no gradient in this backward: ", names,
       (missing.size() > 8 ? ", ..." : ""),
       ". Every parameter that requires grad must take part in the loss (freeze unused ones with "
-      "requires_grad_(False) before wrap)"));
+      "requires_grad_(False) before wrap), or wrap(..., find_unused_parameters=True) where some backwards leave "
+      "parameters out"));
 }
 
 void Executor::end_backward() {

@@ -613,20 +613,31 @@ at::Tensor Engine::master_shard(int64_t b) const {
   return buckets_[b].master;
 }
 
-void Engine::reload_master_shards() {
+void Engine::reload_master_shards(const std::vector<int64_t>& params) {
   TORCH_CHECK(update_->binds_parameters(), "dearcomm: master shards exist only with update='sharded'");
-  TORCH_CHECK(state() == IterationState::kIdle,
-      "dearcomm: parameters can be reloaded only between iterations, state is ", to_string(state()));
+  // Not while step()'s all-gathers write the parameters; a backward made them
+  // current when it began (its first gradient), so from then to step() is fine.
+  TORCH_CHECK(state() != IterationState::kGathering,
+      "dearcomm: parameters can be reloaded only once they are current (after sync() or a training forward's "
+      "waits), state is ", to_string(state()));
   const int64_t rank = backend_->rank();
-  if (!params_bound_) {
-    for (size_t p = 0; p < params_.size(); ++p) {
-      param_view(flat_of(static_cast<int64_t>(p)).params, static_cast<int64_t>(p)).copy_(params_[p].detach());
+  std::vector<bool> touched(buckets_.size(), false);
+  for (int64_t p : params) {
+    TORCH_CHECK_INDEX(p >= 0 && p < static_cast<int64_t>(params_.size()), "dearcomm: parameter index ", p,
+                      " out of range");
+    if (!params_bound_) {  // the parameters still own their memory: the flat copy is refreshed from them
+      param_view(flat_of(p).params, p).copy_(params_[p].detach());
+    }
+    for (int64_t b = layout_.params[p].bucket; b <= layout_.params[p].last_bucket; ++b) {
+      touched[b] = true;
     }
   }
+  // Only the buckets written: a reload rounds the fp32 master to the parameters' dtype.
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const BucketSpec& spec = layout_.buckets[b];
-    Bucket& bucket = buckets_[b];
-    bucket.master.copy_(bucket.params.narrow(0, spec.shard_begin(rank), spec.shard_numel));
+    if (touched[b]) {
+      const BucketSpec& spec = layout_.buckets[b];
+      buckets_[b].master.copy_(buckets_[b].params.narrow(0, spec.shard_begin(rank), spec.shard_numel));
+    }
   }
 }
 

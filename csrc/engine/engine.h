@@ -146,8 +146,10 @@ class Engine final : private core::Device {
   at::Tensor own_part(int64_t bucket) const;
   Collective reduction() const { return reduction_; }
   at::Tensor master_shard(int64_t bucket) const;  // fp32 master parameters, this rank's shard
-  // Re-reads master shards from the parameters (after a load_state_dict).
-  void reload_master_shards();
+  // Re-reads the master shards of the buckets holding parameters `params`
+  // from them (after a load_state_dict, or a write into them since the last
+  // step); not while all-gathers are in flight.
+  void reload_master_shards(const std::vector<int64_t>& params);
 
   // Replicated update: parameter `param`'s averaged gradient (its shape and
   // dtype), valid from its all-gather until the next backward.

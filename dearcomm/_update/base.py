@@ -65,9 +65,10 @@ class UpdateStrategy(abc.ABC):
         .grad as it will be then."""
         return None
 
-    @classmethod
-    def after_module_load(cls, engine) -> None:
-        """After model.load_state_dict() put new values into the parameters."""
+    def adopt_parameter_writes(self) -> None:
+        """At step(), before anything is applied: where the optimizer updates
+        a copy of the parameters, take in what was written into them since
+        the last step (load_state_dict, nn.init, copy_, clamping)."""
 
     def still_scaled(self, user_unscaled: bool) -> Optional[List[torch.Tensor]]:
         """What GradScaler must still unscale and inf-check at step(); None:

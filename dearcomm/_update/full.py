@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import torch
 
+from .._step_hooks import step_without_hooks
 from .base import UpdateStrategy
 
 
@@ -26,4 +27,4 @@ class FullAfterReduction(UpdateStrategy):
         return torch.nn.utils.clip_grad_norm_(self.runtime.params, max_norm, norm_type)
 
     def apply(self) -> None:
-        self.optimizer.step()
+        step_without_hooks(self.optimizer)

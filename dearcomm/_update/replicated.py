@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import torch
 
 from .._weak import weakly
+from .._step_hooks import step_without_hooks
 from .base import hyperparameters
 from .shard_averages import AveragesInShards
 
@@ -39,7 +40,8 @@ class ReplicatedBeforeUse(AveragesInShards):
         """Called by the engine with the (engine-order) indices of parameters
         whose averaged gradients were just gathered."""
         params = self.runtime.params
-        chosen = [(params[i], self._averaged[i]) for i in indices if params[i] in self._group_of]
+        unused = self.runtime.unused_everywhere  # find_unused_parameters: left alone, as with DDP
+        chosen = [(params[i], self._averaged[i]) for i in indices if params[i] in self._group_of and i not in unused]
         by_group: List[List] = [[] for _ in self.param_groups]
         for param, _ in chosen:
             by_group[self._group_of[param]].append(param)
@@ -54,7 +56,7 @@ class ReplicatedBeforeUse(AveragesInShards):
             for param, averaged in chosen:
                 param.grad = averaged
             with torch.no_grad():
-                self.optimizer.step()
+                step_without_hooks(self.optimizer)
         finally:
             for (param, _), grad in zip(chosen, user_grads):
                 param.grad = grad

@@ -28,10 +28,15 @@ class AveragesInShards(UpdateStrategy):
         return [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
-        # Each rank's own parts are disjoint (a reduce-scatter's shards; the
-        # shard ranges of an all-reduced bucket that every rank holds whole):
-        # one scalar all-reduce of their norms gives the global norm. Scaled
-        # before any update or all-gather.
+        total = self.grad_norm(norm_type)
+        self.scale_averages(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        return total
+
+    def grad_norm(self, norm_type: float) -> torch.Tensor:
+        """The global norm of the averages this step applies. Each rank's own
+        parts are disjoint (a reduce-scatter's shards; the shard ranges of an
+        all-reduced bucket that every rank holds whole): one scalar
+        all-reduce of their norms gives it."""
         norm_type = float(norm_type)
         engine, group = self.runtime.engine, self.runtime.group
         parts = [engine.own_part(b) for b in range(len(engine.layout.buckets))]
@@ -43,8 +48,9 @@ class AveragesInShards(UpdateStrategy):
             total = local.pow(norm_type).sum()
             dist.all_reduce(total, group=group)
             total = total.pow(1.0 / norm_type)
-        shards = self.averaged_tensors()
-        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for shard in shards:
-            shard.mul_(coefficient.to(shard.dtype))
         return total
+
+    def scale_averages(self, coefficient: torch.Tensor) -> None:
+        """Multiplies what this step applies (before any update or all-gather)."""
+        for shard in self.averaged_tensors():
+            shard.mul_(coefficient.to(shard.dtype))

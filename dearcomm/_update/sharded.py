@@ -18,6 +18,7 @@ import torch
 from torch.optim import Optimizer
 
 from . import sharded_state
+from .._step_hooks import step_without_hooks
 from .base import hyperparameters
 from .shard_averages import AveragesInShards
 from .sharded_state import Piece
@@ -32,16 +33,27 @@ class ShardedAtStep(AveragesInShards):
         self.pieces: List[Piece] = []
         self.consolidations = 0  # completed consolidated state_dict() calls: names their rendezvous
         self._pending_state: Optional[Dict[str, Any]] = None  # loaded before the engine existed
+        self._versions: List[int] = []  # the parameters' version counters when the master shards last matched them
 
     def on_engine_built(self, engine) -> None:
         self._build_shard_optimizer(engine)
+        self._versions = _versions(self.runtime.params)
         if self._pending_state is not None:  # loaded before the pieces existed
             pending, self._pending_state = self._pending_state, None
             self.load_state_dict(pending)
 
-    @classmethod
-    def after_module_load(cls, engine) -> None:
-        engine.reload_master_shards()  # the optimizer updates the master copy, not the parameters
+    def adopt_parameter_writes(self) -> None:
+        # The optimizer updates the master shards and the all-gathers then
+        # overwrite every parameter from them: a write into a parameter since
+        # (model.encoder.load_state_dict(), nn.init, weight.copy_(), clamping)
+        # would be lost. The engine writes the parameters through its flat
+        # buffers, whose version counters are their own: a parameter's version
+        # moves only where the user's code wrote it.
+        versions = _versions(self.runtime.params)
+        written = [i for i, (now, then) in enumerate(zip(versions, self._versions)) if now != then]
+        if written:
+            self.runtime.engine.reload_master_shards(written)
+        self._versions = versions
 
     def _build_shard_optimizer(self, engine) -> None:
         layout, rank, params = engine.layout, self.runtime.rank, self.runtime.params
@@ -81,9 +93,10 @@ class ShardedAtStep(AveragesInShards):
             return
         for shard_group, group in zip(self.shard_optimizer.param_groups, self.param_groups):
             shard_group.update(hyperparameters(group))  # LR schedulers edit the user's groups
+        unused = self.runtime.unused_everywhere  # find_unused_parameters: skipped, as torch skips a .grad of None
         for piece in self.pieces:
-            piece.master.grad = piece.grad
-        self.shard_optimizer.step()
+            piece.master.grad = None if piece.param in unused else piece.grad
+        step_without_hooks(self.shard_optimizer)
 
     # ---- checkpoints --------------------------------------------------------------
 
@@ -136,6 +149,10 @@ class ShardedAtStep(AveragesInShards):
             group.update(saved)
         if self.shard_optimizer is not None and state_dict["shard"] is not None:
             self.shard_optimizer.load_state_dict(state_dict["shard"])
+
+
+def _versions(params: List[torch.Tensor]) -> List[int]:
+    return [p._version for p in params]
 
 
 def _as_lists(value):

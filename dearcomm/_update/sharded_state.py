@@ -131,10 +131,10 @@ def _every_rank_arrives(update, what: str) -> None:
     deadline = time.monotonic() + limit
     while store.add(key, 0) < runtime.world_size:
         if time.monotonic() > deadline:
-            store.add(key, -1)  # not arrived after all: a later call on every rank uses this key again
+            arrived = store.add(key, -1) + 1  # not arrived after all: a later call on every rank uses this key again
             raise RuntimeError(
                 f"dearcomm: [rank {runtime.rank}] {what} with update='sharded' gathers every rank's shard, but only "
-                f"{store.add(key, 0)} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
+                f"{arrived} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
                 "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank.")
         time.sleep(0.01)
     update.consolidations += 1

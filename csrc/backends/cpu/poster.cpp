@@ -1,5 +1,7 @@
 #include "poster.h"
 
+#include "../../common/gil_release.h"
+
 #include <c10/util/Logging.h>
 
 #include <condition_variable>
@@ -44,6 +46,7 @@ struct Poster::State {
 Poster::Poster(bool inline_jobs) : inline_(inline_jobs), state_(std::make_shared<State>()) {}
 
 Poster::~Poster() {
+  const GilRelease no_gil;  // the drain may take up to kDrainLimit (a stuck exchange)
   std::unique_lock<std::mutex> lock(state_->mutex);
   if (!state_->thread.joinable()) {
     return;  // never started (inline, or nothing posted)

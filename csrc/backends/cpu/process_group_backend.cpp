@@ -254,15 +254,20 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
   return posting;
 }
 
+at::Tensor ProcessGroupBackend::scratch_for(const at::Tensor& buffer) {
+  at::Tensor& scratch = scatter_scratch_[buffer.data_ptr()];
+  if (!scratch.defined() || scratch.numel() != buffer.numel() || scratch.dtype() != buffer.dtype()) {
+    scratch = at::empty_like(buffer);
+  }
+  return scratch;
+}
+
 std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
   const int64_t p = world_size();
   const int64_t shard = output.numel();
   TORCH_CHECK(input.numel() == shard * p,
       "dearcomm: reduce_scatter input has ", input.numel(), " elements, expected ", shard * p);
-  at::Tensor& scratch = scatter_scratch_[input.data_ptr()];
-  if (!scratch.defined() || scratch.numel() != input.numel() || scratch.dtype() != input.dtype()) {
-    scratch = at::empty_like(input);
-  }
+  at::Tensor scratch = scratch_for(input);
   // Rank j's chunk of `input` goes to rank j; chunk j of scratch receives rank j's.
   std::vector<at::Tensor> outgoing, incoming;
   for (int64_t j = 0; j < p; ++j) {
@@ -295,10 +300,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
   const int p = world_size();
   const int r = rank();
   const int64_t shard = buffer.numel() / p;
-  at::Tensor& scratch = scatter_scratch_[buffer.data_ptr()];
-  if (!scratch.defined() || scratch.numel() != buffer.numel() || scratch.dtype() != buffer.dtype()) {
-    scratch = at::empty_like(buffer);
-  }
+  at::Tensor scratch = scratch_for(buffer);
   // Chunk j is rank j's; the reduce-scatter sends chunk j to rank j and
   // receives rank j's copy of chunk r into received[j]; the all-gather sends
   // the summed chunk r to every rank and receives rank j's into chunk j. Each

@@ -72,6 +72,8 @@ class ProcessGroupBackend final : public CommBackend {
   // persistent, so this allocates once per bucket: fresh large allocations
   // cost ~10x a copy on these machines).
   std::unordered_map<const void*, at::Tensor> scatter_scratch_;
+  // That scratch for `buffer` (made or remade to its size and dtype).
+  at::Tensor scratch_for(const at::Tensor& buffer);
   Poster poster_;  // last: destroyed first, posting what is still queued
 };
 

@@ -1,6 +1,6 @@
 // Keeps Python objects (and profiler records) out of the c10d Works launched in its scope.
 //
-// Why (issue 8, item 8: SIGABRT, "terminate called without an active
+// Why (SIGABRT, "terminate called without an active
 // exception", at interpreter exit after all work had finished): gloo's
 // AsyncWork (all_reduce, all_gather_object, ...) copies the launching thread's
 // at::ThreadLocalState, and during backward that state holds a Python object:

@@ -1,6 +1,7 @@
 #include "nccl_backend.h"
 
 #include "../../common/bounded_teardown.h"
+#include "../../common/gil_release.h"
 #include "../../kernels/spin.h"
 #include "comm_stream_pool.h"
 #include "cuda_completion.h"
@@ -14,7 +15,6 @@
 #pragma GCC diagnostic ignored "-Winterference-size"
 #include <ATen/core/CachingHostAllocator.h>
 #pragma GCC diagnostic pop
-#include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -75,21 +75,6 @@ OnFailure on_failure_from_environment() {
       "times out) or 'raise' (abort the communicator and raise at the next call), got '", mode, "'");
   return mode == "raise" ? OnFailure::kRaise : OnFailure::kTerminate;
 }
-
-// The host never waits on the GPU while holding the GIL: teardown may poll
-// for up to the timeout, and a Python thread may be needed meanwhile.
-class GilRelease {
- public:
-  GilRelease() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
-  ~GilRelease() {
-    if (state_ != nullptr) {
-      PyEval_RestoreThread(state_);
-    }
-  }
-
- private:
-  PyThreadState* state_;
-};
 
 // A collective in flight: wait() orders the compute stream after it.
 class NcclPending final : public PendingCollective {
@@ -250,7 +235,7 @@ void NcclBackend::end_debug_spins() {
 }
 
 NcclBackend::~NcclBackend() {
-  const GilRelease no_gil;
+  const GilRelease no_gil;  // teardown may poll for up to the timeout
   const c10::cuda::CUDAGuard guard(device_);
   TeardownSteps steps;
   steps.idle = [this] {
