@@ -219,7 +219,8 @@ class DearRuntime:
             return
         hook = _weak_hook(self._backward_reached_outputs)
         for leaf in torch.utils._pytree.tree_leaves(output):
-            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            # Not a leaf tensor (a parameter returned as it is): its hooks would outlive the iteration.
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.grad_fn is not None:
                 leaf.register_hook(hook)
 
     def _backward_reached_outputs(self, grad: torch.Tensor) -> None:
