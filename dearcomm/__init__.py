@@ -26,7 +26,8 @@ else:
     from .autotune import Plan, plan
 
 __version__ = "0.1.0"
-__all__ = ["wrap", "register_elementwise_optimizer", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions", "SCHEDULES", "simulate",
+__all__ = ["wrap", "register_elementwise_optimizer", "build_info", "DearModule", "DistributedOptimizer", "WrapOptions",
+           "SCHEDULES", "simulate",
            "ModuleProfile", "Network", "Prediction", "profile", "TrainingProfile", "fit_compute_slowdown",
            "fit_comm_slowdown", "fit_comm_cpu_slowdown", "fit_compute_cpu_slowdown", "fit_iteration_cv", "plan", "Plan",
            "fit_network", "NetworkFit", "network_preset", "NETWORK_PRESETS"]

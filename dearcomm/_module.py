@@ -89,8 +89,8 @@ class DearModule:
         dear, when the next forward (or ``sync()``) has waited for the bucket's
         all-gather, so the hook overlaps the rest of the all-gathers; with wfbp,
         at the end of step(). Under dear, parameters read right after step()
-        are otherwise still being written by the all-gathers; an EMA updated from this hook equals
-        DDP's EMA updated after every step (see the README). Also called for
+        are otherwise still being written by the all-gathers; an EMA updated
+        from this hook equals DDP's EMA updated after every step (see the README). Also called for
         steps that a GradScaler skipped. Returns a handle with ``remove()``."""
         return self._dear.register_update_hook(hook)
 

@@ -143,8 +143,8 @@ class DistributedOptimizer(Optimizer):
         if pending_clip is not None:
             max_norm, norm, unscaled = pending_clip
             if scaling and not unscaled:
-                norm.mul_(grad_scaler._scale.double().reciprocal().float().to(norm.device))  # the tensor returned
-            self._update.scale_averages(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+                norm.mul_(_inverse_scale(grad_scaler, norm.device))  # the tensor returned
+            self._update.clip_to(max_norm, norm)
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
@@ -184,7 +184,7 @@ class DistributedOptimizer(Optimizer):
             for value in state["found_inf_per_device"].values():
                 found_inf += value.to(device)
         if targets:
-            inv_scale = scaler._scale.double().reciprocal().float().to(device)
+            inv_scale = _inverse_scale(scaler, device)
             by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
             for tensor in targets:
                 by_dtype.setdefault(tensor.dtype, []).append(tensor)
@@ -235,7 +235,7 @@ class DistributedOptimizer(Optimizer):
         scaler = self._scaler() if self._scaler is not None else None
         unscaled = scaler is not None and scaler.is_enabled()
         if unscaled:
-            norm.mul_(scaler._scale.double().reciprocal().float().to(norm.device))
+            norm.mul_(_inverse_scale(scaler, norm.device))
         self._pending_clip = (float(max_norm), norm, unscaled)
         return norm
 
@@ -278,6 +278,11 @@ class DistributedOptimizer(Optimizer):
         if not self._runtime.options.choice.takes_delays:
             return state
         return {**state, DELAYED_KEY: self._runtime.delayed.state_dict()}
+
+
+def _inverse_scale(scaler, device: torch.device) -> torch.Tensor:
+    """1 / the GradScaler's current scale, as GradScaler computes it for unscale_."""
+    return scaler._scale.double().reciprocal().float().to(device)
 
 
 def _scaler_stage(scaler, optimizer) -> str:

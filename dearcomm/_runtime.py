@@ -14,20 +14,21 @@ Hooks and what they do:
   forward pre-hook on the root
       training forward: an error if the last backward raised midway (its
       collectives no longer pair up).
-  forward hooks on the root
-      training forward: a hook on each output tensor queues the
-      end-of-backward callback when backward reaches it; rank 0's buffers
-      to every rank (broadcast_buffers=True, model has buffers), so later
-      forwards start from them, as with DDP.
+  forward hook on the root
+      training forward: rank 0's buffers to every rank (broadcast_buffers=
+      True, model has buffers), so later forwards start from them, as with
+      DDP; a hook on each output tensor queues the end-of-backward callback
+      when backward reaches it.
   post-accumulate-grad hook (every parameter that requires grad)
       engine.mark_grad_ready(i, grad): pack (nothing to pack where .grad is
       its bucket view: autograd accumulated into the bucket), and launch
       reductions in order; the first one of a backward queues the
-      end-of-backward callback if no output hook did. That callback checks that every parameter got its
-      gradient and finishes the reductions where .grad is what they read or
-      write (wfbp: .grad holds the average when backward returns, as with
-      DDP; dear with .grad views: the reduce-scatters read .grad, which code
-      between backward and step(), such as GradScaler.unscale_, may write);
+      end-of-backward callback if no output hook did. That callback checks
+      that every parameter got its gradient and finishes the reductions
+      where .grad is what they read or write (wfbp: .grad holds the average
+      when backward returns, as with DDP; dear with .grad views: the
+      reduce-scatters read .grad, which code between backward and step(),
+      such as GradScaler.unscale_, may write);
       (dear) notes the gradients' version counters, which step() checks.
 
 Every hook holds the runtime weakly, so no hook keeps a dropped model alive
@@ -162,10 +163,9 @@ class DearRuntime:
         for param in self.names:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._engine_group: Optional[dist.ProcessGroup] = None  # the CPU engine's connections (_engine_group.py)
-        if options.broadcast_buffers and any(True for _ in module.buffers()):
-            self._handles.append(module.register_forward_hook(_weak_hook(self._broadcast_buffers)))
+        self._broadcasts_buffers = options.broadcast_buffers and next(module.buffers(), None) is not None
         self._handles.append(module.register_forward_pre_hook(_weak_hook(self._check_last_backward_ended)))
-        self._handles.append(module.register_forward_hook(_weak_hook(self._hook_outputs)))
+        self._handles.append(module.register_forward_hook(_weak_hook(self._after_training_forward)))
 
     # ---- hooks -------------------------------------------------------------
 
@@ -189,7 +189,17 @@ class DearRuntime:
         else:
             self.sync()  # eval / no_grad: see every update
 
-    def _broadcast_buffers(self, module: nn.Module, args, output) -> None:
+    def _after_training_forward(self, module: nn.Module, args, output) -> None:
+        """The root's forward hook; outside no_sync() and "auto"'s profiling,
+        a training forward's buffers go to every rank and its outputs get
+        the hooks that end the backward."""
+        if not (module.training and torch.is_grad_enabled()) or self.planning or not self.sync_gradients:
+            return
+        if self._broadcasts_buffers:
+            self._broadcast_buffers(module)
+        self._hook_outputs(output)
+
+    def _broadcast_buffers(self, module: nn.Module) -> None:
         # As DDP (broadcast_buffers=True), every rank's forwards start from
         # rank 0's buffers (BatchNorm's running statistics) after a
         # synchronising training forward: DDP broadcasts before the next
@@ -197,8 +207,6 @@ class DearRuntime:
         # a collective; broadcasting right after the training forward gives
         # every later forward the same buffers with no collective outside
         # training. Inside no_sync() each rank keeps its own, as with DDP.
-        if not (module.training and torch.is_grad_enabled()) or self.planning or not self.sync_gradients:
-            return
         buffers = list(module.buffers())  # as they are now: a buffer may have been reassigned since wrap()
         # Version counters kept, as DDP keeps them: this forward (and an
         # earlier one of the iteration: two views, real and fake batches)
@@ -208,15 +216,13 @@ class DearRuntime:
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
             dist._broadcast_coalesced(self.group, buffers, _BUFFER_BROADCAST_BYTES, 0)
 
-    def _hook_outputs(self, module: nn.Module, args, output) -> None:
-        """Training forward of the root: a hook on its outputs queues the
+    def _hook_outputs(self, output) -> None:
+        """A hook on the training forward's outputs queues the
         end-of-backward callback when backward reaches them, on the graph
         task that runs the whole backward (as FSDP does). Queued from the
         first gradient instead, it would run at the end of a reentrant
         checkpoint's inner backward where that gradient arrived first (the
         last layer checkpointed), before the other layers' gradients."""
-        if self.planning or not self.sync_gradients or not (module.training and torch.is_grad_enabled()):
-            return
         hook = _weak_hook(self._backward_reached_outputs)
         for leaf in torch.utils._pytree.tree_leaves(output):
             # Not a leaf tensor (a parameter returned as it is): its hooks would outlive the iteration.

@@ -76,9 +76,10 @@ def grad_scaler_worker(rank, world_size):
                 if overflow and rank == 1:
                     loss = loss * float("inf")
                 scaler.scale(loss).backward()
-                if variant in ("unscale_", "optimizer-clip") or (variant == "clip" and averaged_in_grad(schedule, update)):
+                torch_clip = variant == "clip" and averaged_in_grad(schedule, update)
+                if variant in ("unscale_", "optimizer-clip") or torch_clip:
                     scaler.unscale_(optimizer)
-                if variant == "clip" and averaged_in_grad(schedule, update):
+                if torch_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
                 if variant == "optimizer-clip":
                     norm = optimizer.clip_grad_norm_(0.3)

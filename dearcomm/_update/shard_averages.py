@@ -29,7 +29,7 @@ class AveragesInShards(UpdateStrategy):
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
         total = self.grad_norm(norm_type)
-        self.scale_averages(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        self.clip_to(max_norm, total)
         return total
 
     def grad_norm(self, norm_type: float) -> torch.Tensor:
@@ -50,7 +50,10 @@ class AveragesInShards(UpdateStrategy):
             total = total.pow(1.0 / norm_type)
         return total
 
-    def scale_averages(self, coefficient: torch.Tensor) -> None:
-        """Multiplies what this step applies (before any update or all-gather)."""
+    def clip_to(self, max_norm: float, total: torch.Tensor) -> None:
+        """Scales what this step applies (before any update or all-gather),
+        whose global norm is ``total``, to at most ``max_norm``, as torch's
+        clip_grad_norm_ does."""
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for shard in self.averaged_tensors():
             shard.mul_(coefficient.to(shard.dtype))
