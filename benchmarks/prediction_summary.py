@@ -11,7 +11,8 @@ measurements the file holds (rank 0's profile, each layout's collectives
 alone, both contention factors: compute beside collectives and collectives
 beside compute; the CPU bound charges the collectives' CPU at ν and the
 compute beside them at μ, their CPU beside the other over alone, and
-takes the slowest rank's iteration from the compute's spread alone; with
+takes the slowest rank's iteration from the compute's spread alone, where
+the ranks have cores of their own; with
 --lambda, and for files from before each part's CPU was recorded, the model
 before: the collectives' CPU at λ, no spread); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
@@ -96,10 +97,10 @@ def resimulate(data, lam: bool = False) -> None:
     layouts = {name: c for names, c in data["comm_ms"].items() for name in names.split(",")}
     names = [p.name for m in profile.modules for p in m.params]
     # Files from before runs recorded them: from their layouts' CPU, with this machine's cores.
+    share = cores_share(torch.device("cpu"), local_ranks=data["world_size"], threads=data.get("threads") or 1)
     fitted = host_cpu_of(
         [{k: (v / 1e3 if k in COMM_KEYS or k.startswith("cpu") else v) for k, v in c.items()}
-         for c in data["comm_ms"].values()],
-        cores_share(torch.device("cpu"), local_ranks=data["world_size"], threads=data.get("threads") or 1))
+         for c in data["comm_ms"].values()], share)
     host_ms = data.get("host_ms") or fitted[0]
     host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]
     data["host_ms"], data["host_ms_per_mib"] = host_ms, host_ms_per_mib
@@ -113,7 +114,7 @@ def resimulate(data, lam: bool = False) -> None:
                                                                names, run["buckets"]))
         prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"], factors,
                                 chosen=run.get("auto_options"), planned=planned, names=names, host_ms=host_ms,
-                                host_ms_per_mib=host_ms_per_mib)
+                                host_ms_per_mib=host_ms_per_mib, cores_share=0.0 if lam else share)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,

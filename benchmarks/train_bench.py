@@ -383,7 +383,7 @@ def host_cpu_of(layouts, share):
 
 
 def simulation(name, args, profile, step_ms, comm, world, contention=None, chosen=None, planned=None, names=None,
-               host_ms=None, host_ms_per_mib=None):
+               host_ms=None, host_ms_per_mib=None, cores_share=0.0):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -397,7 +397,8 @@ def simulation(name, args, profile, step_ms, comm, world, contention=None, chose
     and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
     (host_cpu_of); ``contention``: the measured factors, every one of
     dearcomm.contention.FACTORS (κ, λ, ν, μ, the compute's cv; None: a
-    machine where nothing contends)."""
+    machine where nothing contends); ``cores_share``: the ranks over the
+    cores they fill (dearcomm.host_cost.cores_share)."""
     schedule, update, partition, credit = parse_run(name)
     bucket_mb = args.bucket_mb
     if chosen is not None:
@@ -425,7 +426,7 @@ def simulation(name, args, profile, step_ms, comm, world, contention=None, chose
             elif plain:
                 costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, all_reduce_lanes=lanes, host_ms=host_ms,
-                               host_ms_per_mib=host_ms_per_mib)
+                               host_ms_per_mib=host_ms_per_mib, cores_share=cores_share)
     if contention is not None:
         network = with_contention(network, contention)
     extra = {}
@@ -798,7 +799,7 @@ def main():
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, factors, chosen=chosen,
                                        planned=planned,
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
-                                       host_ms_per_mib=host_ms_per_mib)
+                                       host_ms_per_mib=host_ms_per_mib, cores_share=share)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9

@@ -40,7 +40,8 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
                   double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                   const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
                   double average_s_per_byte, const PerKind& host_s, const PerKind& host_s_per_byte,
-                  double comm_cpu_slowdown, double compute_cpu_slowdown, double iteration_cv) {
+                  double comm_cpu_slowdown, double compute_cpu_slowdown, double iteration_cv,
+                  double cores_share) {
   for (const auto& [field, by_kind] : {std::pair{"host_s", &host_s}, std::pair{"host_s_per_byte", &host_s_per_byte}}) {
     for (const auto& entry : *by_kind) {
       TORCH_CHECK_VALUE(costs.count(entry.first), "dearcomm: ", field, " names unknown collective '", entry.first,
@@ -65,7 +66,7 @@ py::dict simulate(const BucketLayout& layout, c10::ScalarType comm_dtype,
   const sim::AlphaBeta ordered = costs.count("ordered_all_reduce") ? kind_cost("ordered_all_reduce") : all_reduce;
   const sim::CostModel cost(layout.world_size, kind_cost("reduce_scatter"), kind_cost("all_gather"), all_reduce,
                             ordered, compute_slowdown, comm_slowdown, all_reduce_lanes, comm_cpu_slowdown,
-                            compute_cpu_slowdown, iteration_cv);
+                            compute_cpu_slowdown, iteration_cv, cores_share);
   sim::Result result;
   {
     py::gil_scoped_release no_gil;  // pure C++ from here
@@ -146,13 +147,14 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
                          double compute_slowdown, double comm_slowdown, int64_t all_reduce_lanes,
                          const std::vector<std::vector<double>>& grad_ready_s, double pack_s_per_byte,
                          double average_s_per_byte, const PerKind& host_s, const PerKind& host_s_per_byte,
-                         double comm_cpu_slowdown, double compute_cpu_slowdown, double iteration_cv) {
+                         double comm_cpu_slowdown, double compute_cpu_slowdown, double iteration_cv,
+                         double cores_share) {
           const c10::ScalarType dtype =
               comm_dtype.is_none() ? c10::ScalarType::Undefined : to_scalar_type(comm_dtype);
           return simulate(layout, dtype, modules, step_s, param_numels, schedule, costs, iterations,
                           compute_slowdown, comm_slowdown, all_reduce_lanes, grad_ready_s, pack_s_per_byte,
                           average_s_per_byte, host_s, host_s_per_byte, comm_cpu_slowdown,
-                          compute_cpu_slowdown, iteration_cv);
+                          compute_cpu_slowdown, iteration_cv, cores_share);
         },
         py::arg("layout"), py::arg("comm_dtype"), py::arg("modules"), py::arg("step_s"), py::arg("param_numels"),
         py::arg("schedule"), py::arg("costs"), py::arg("iterations"), py::arg("compute_slowdown") = 1.0,
@@ -160,6 +162,7 @@ void register_simulate(py::module& m, c10::ScalarType (*to_scalar_type)(const py
         py::arg("grad_ready_s") = std::vector<std::vector<double>>{}, py::arg("pack_s_per_byte") = 0.0,
         py::arg("average_s_per_byte") = 0.0, py::arg("host_s") = PerKind{}, py::arg("host_s_per_byte") = PerKind{},
         py::arg("comm_cpu_slowdown") = 1.0, py::arg("compute_cpu_slowdown") = 1.0, py::arg("iteration_cv") = 0.0,
+        py::arg("cores_share") = 0.0,
         "Runs a schedule on the simulated device; dearcomm.simulate() is the documented entry point.");
   m.def("expected_slowest_of", &sim::expected_slowest_of, py::arg("n"),
         "The expected largest of n independent standard normal draws; dearcomm.prediction.expected_slowest_of.");

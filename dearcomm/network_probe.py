@@ -18,7 +18,8 @@ all_reduce_lanes read from the group (all_reduce_lanes()) and, on a CPU,
 its host_ms: the CPU time (this process, every thread) a HOST_BYTES call of
 each kind took, the lower quartile of HOST_REPEATS, times dearcomm.host_cost's
 cores_share; and its host_ms_per_mib: the slope of each kind's CPU time
-against its bytes over those calls and the timed sizes, times the same share.
+against its bytes over those calls and the timed sizes, times the same share
+(rank 0's, kept as its cores_share).
 """
 from __future__ import annotations
 
@@ -156,15 +157,15 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
                    for kind, backend in backends.items()}
     host_bytes = full.numel() * 4
-    rows, host_cpu_ms = rank0s((rows, host_cpu_ms) if rank == 0 else None, group)
+    # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
+    rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
-    share = cores_share(device)
     host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
     _, host_ms_per_mib = fit_host_cpu({kind: [(1, host_bytes, cpu_ms)] + [(1, r["bytes"], r["cpu_us"] / 1e3)
                                                                            for r in rows if r["op"] == kind]
                                        for kind, cpu_ms in host_cpu_ms.items()}, share)
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
-                                                                host_ms_per_mib=host_ms_per_mib,
+                                                                host_ms_per_mib=host_ms_per_mib, cores_share=share,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

@@ -139,7 +139,13 @@ class Network:
     default. The ranks meet every iteration, so where the cores bound it an
     iteration takes the slowest rank's: the bound times 1 + cv x the
     expected largest of world_size standard normal draws (0.56 at 2 ranks,
-    1.03 at 4, 2.3 at 64; expected_slowest_of)."""
+    1.03 at 4, 2.3 at 64; expected_slowest_of).
+    ``cores_share``: the ranks on a host over its cores, where their compute
+    fills every core (dearcomm.host_cost.cores_share; 0, the default: not so,
+    or a GPU). Above 1 the ranks take turns on the cores: the one that meets
+    first hands its core to a slower one, so the spread costs nothing and the
+    bound is taken as it is (4 ranks on 2 cores: docs/benchmarks.md);
+    dearcomm.network_probe sets it."""
     alpha_us: float
     gbit_s: float
     per_kind: Mapping[str, Tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -151,6 +157,7 @@ class Network:
     comm_cpu_slowdown: Optional[float] = None
     compute_cpu_slowdown: float = 1.0
     iteration_cv: float = 0.0
+    cores_share: float = 0.0
 
     @property
     def bound_comm_cpu_slowdown(self) -> float:
@@ -198,7 +205,8 @@ class Network:
 class Prediction:
     iteration_ms: float
     """Steady state: the longer of ``timeline_ms`` and ``cpu_ms`` times the
-    ranks' meeting (Network.iteration_cv)."""
+    ranks' meeting (Network.iteration_cv; 1 where they share cores,
+    Network.cores_share)."""
     ops: List[Dict]
     """Every collective: kind, bucket, iteration, issued/start/end/wait_begin/wait_end in ms."""
     spans: List[Dict]
@@ -317,6 +325,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
                 or factor < 1:
             raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
     _check_number("Network.iteration_cv", network.iteration_cv, allow_zero=True)
+    _check_number("Network.cores_share", network.cores_share, allow_zero=True)
     lanes = network.all_reduce_lanes
     if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
         raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
@@ -324,7 +333,8 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
                       network.host_costs_per_byte(), float(cpu_factor),
-                      float(network.compute_cpu_slowdown), float(network.iteration_cv))
+                      float(network.compute_cpu_slowdown), float(network.iteration_cv),
+                      float(network.cores_share))
     ms = 1e3
 
     def in_ms(d: Dict) -> Dict:

@@ -108,8 +108,9 @@ def _probe_worker(rank, world_size):
     time of its own, (rank + 1)·k ms per call and 0.1 of that per MiB (kind
     k of COST_KINDS, from 1): every rank gets rank 0's per-call cost (of its
     16 KiB calls) and per-MiB cost (the slope over every size), times the
-    cores' share (fixed at 1.5: one rank of one thread on this machine's
-    cores would have 0, and every figure with it)."""
+    cores' share (fixed at 1.5 on rank 0 and 3 on the other, a host of other
+    cores: one rank of one thread on this machine's cores would have 0, and
+    every figure with it): rank 0's on every rank, kept as cores_share."""
     from dearcomm import network_probe
     from dearcomm.prediction import COST_KINDS
 
@@ -120,9 +121,9 @@ def _probe_worker(rank, world_size):
         ms = (rank + 1) * (1 + COST_KINDS.index(kind))
         return wall, 1000.0 * ms * (1 + 0.1 * full.numel() * 4 / 2**20)
     network_probe._timed = rank_tagged
-    network_probe.cores_share = lambda device: 1.5
+    network_probe.cores_share = lambda device: 1.5 if rank == 0 else 3.0
     network = network_probe.probe_network(None, torch.device("cpu")).network
-    return network.host_ms, 1.5, network.per_kind, network.host_ms_per_mib
+    return network.host_ms, network.cores_share, network.per_kind, network.host_ms_per_mib
 
 
 def network_probe_host_mib() -> float:
@@ -135,8 +136,9 @@ def test_the_probe_charges_rank_0s_cpu_of_a_small_call_on_every_rank():
     from tests.multiprocess import run_workers
 
     results = run_workers(_probe_worker, 2, deadline=120)
-    (host_ms, share, per_kind, per_mib), (other, _, other_per_kind, other_per_mib) = results
+    (host_ms, share, per_kind, per_mib), (other, other_share, other_per_kind, other_per_mib) = results
     assert host_ms == other and per_mib == other_per_mib, "every rank holds rank 0's host cost"
+    assert share == other_share == 1.5, "every rank holds rank 0's share of the cores"
     small = 1 + 0.1 * network_probe_host_mib()
     assert host_ms == pytest.approx({"reduce_scatter": 1.0 * small * share, "all_gather": 2.0 * small * share,
                                      "all_reduce": 3.0 * small * share, "ordered_all_reduce": 4.0 * small * share})

@@ -318,6 +318,16 @@ def test_the_ranks_meeting_every_iteration_take_the_slowest_ranks_bound():
         assert p.iteration_ms == pytest.approx(p.cpu_ms * (1 + 0.1 * slowest), rel=1e-4)
         assert dearcomm.prediction.expected_slowest_of(world) == pytest.approx(slowest, rel=1e-4)
     assert dearcomm.prediction.expected_slowest_of(1) == pytest.approx(0.0, abs=1e-9)
+    # Ranks that fill their own cores (share <= 1) meet the slowest; ranks taking turns on shared cores
+    # (share > 1) hand the waiting one's core to the slower: the bound as it is.
+    for share, factor in ((0.0, 1.0294), (0.5, 1.0294), (1.0, 1.0294), (1.5, 0.0), (2.0, 0.0)):
+        p = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=4, step_ms=2.0, bucket_mb=0,
+                              network=dataclasses.replace(spread, cores_share=share))
+        assert p.iteration_ms == pytest.approx(p.cpu_ms * (1 + 0.1 * factor), rel=1e-4), share
+    for bad in (-1.0, float("nan"), float("inf"), "2"):
+        with pytest.raises(ValueError, match="cores_share must be a non-negative finite number"):
+            dearcomm.simulate(mib_profile, schedule="wfbp", world_size=4, step_ms=2.0, bucket_mb=0,
+                              network=dataclasses.replace(spread, cores_share=bad))
     assert dearcomm.prediction.expected_slowest_of(64) == pytest.approx(2.3437, rel=1e-3)
     # A link that exposes its all-reduces: the timeline is the longer, the spread leaves it.
     slow = dataclasses.replace(spread, gbit_s=NETWORK.gbit_s / 16)
@@ -343,9 +353,12 @@ def test_the_simulators_own_iteration_is_the_prediction_and_checks_its_spread():
     spread = _C.simulate(*args, **host, iteration_cv=0.1)
     assert plain["cpu_s"] == pytest.approx(4e-3) and plain["iteration_s"] == pytest.approx(4e-3)
     assert spread["iteration_s"] == pytest.approx(4e-3 * (1 + 0.1 * _C.expected_slowest_of(4)))
+    assert _C.simulate(*args, **host, iteration_cv=0.1, cores_share=2.0)["iteration_s"] == pytest.approx(4e-3)
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="iteration_cv must be a finite number >= 0"):
             _C.simulate(*args, iteration_cv=bad)
+        with pytest.raises(ValueError, match="cores_share must be a finite number >= 0"):
+            _C.simulate(*args, cores_share=bad)
     with pytest.raises(ValueError, match="expected_slowest_of needs a count >= 1"):
         _C.expected_slowest_of(0)
 

@@ -25,7 +25,7 @@ void check(const char* kind, const AlphaBeta& ab) {
 CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
                      AlphaBeta ordered_all_reduce, double compute_slowdown, double comm_slowdown,
                      int64_t all_reduce_lanes, double comm_cpu_slowdown, double compute_cpu_slowdown,
-                     double iteration_cv)
+                     double iteration_cv, double cores_share)
     : world_size_(world_size),
       reduce_scatter_(reduce_scatter),
       all_gather_(all_gather),
@@ -53,7 +53,9 @@ CostModel::CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all
                       "dearcomm: compute_cpu_slowdown must be a finite factor >= 1, got ", compute_cpu_slowdown_);
   DEARCOMM_CORE_CHECK(std::isfinite(iteration_cv) && iteration_cv >= 0.0, std::invalid_argument,
                       "dearcomm: iteration_cv must be a finite number >= 0, got ", iteration_cv);
-  if (iteration_cv > 0.0) {
+  DEARCOMM_CORE_CHECK(std::isfinite(cores_share) && cores_share >= 0.0, std::invalid_argument,
+                      "dearcomm: cores_share must be a finite number >= 0, got ", cores_share);
+  if (iteration_cv > 0.0 && cores_share <= 1.0) {
     slowest_rank_factor_ = 1.0 + iteration_cv * expected_slowest_of(world_size_);
   }
   DEARCOMM_CORE_CHECK(all_reduce_lanes_ >= 1, std::invalid_argument,

@@ -26,6 +26,11 @@
 // it an iteration takes the slowest rank's: the bound times
 // slowest_rank_factor(), 1 + cv times the expected largest of world_size
 // standard normal draws (0 by default: every rank alike).
+// `cores_share`: the ranks on a host over its cores, where their compute
+// fills every core (0 where it does not, or on a GPU). Above 1 the ranks take
+// turns on the cores: a rank that reaches the meeting first hands its core to
+// a slower one, so the spread costs the iteration nothing and the factor is 1
+// (4 ranks on 2 cores on loopback: docs/benchmarks.md).
 // `all_reduce_lanes`: how many all-reduces the backend runs at once, sharing
 // the link (gloo: its two worker threads take posted all-reduces in turn; 1
 // where collectives run one at a time, as on one NCCL stream).
@@ -55,7 +60,7 @@ class CostModel {
   CostModel(int64_t world_size, AlphaBeta reduce_scatter, AlphaBeta all_gather, AlphaBeta all_reduce,
             AlphaBeta ordered_all_reduce, double compute_slowdown = 1.0, double comm_slowdown = 1.0,
             int64_t all_reduce_lanes = 1, double comm_cpu_slowdown = 1.0, double compute_cpu_slowdown = 1.0,
-            double iteration_cv = 0.0);
+            double iteration_cv = 0.0, double cores_share = 0.0);
   // `in_issue_order`: the backend keeps this collective in issue order (the schedule asked).
   double seconds(Collective kind, int64_t bytes, bool in_issue_order = false) const;
   double host_seconds(Collective kind, bool in_issue_order = false) const {
@@ -88,7 +93,7 @@ class CostModel {
   int64_t all_reduce_lanes_;
   double comm_cpu_slowdown_;
   double compute_cpu_slowdown_;
-  double slowest_rank_factor_;  // from iteration_cv and world_size
+  double slowest_rank_factor_;  // from iteration_cv, world_size and cores_share
 };
 
 // The expected largest of `n` independent standard normal draws (0 for one,
