@@ -855,8 +855,9 @@ def main():
               + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
               f"x {share:.2f}, the ranks over the cores; measured beside each other, the collectives' CPU is "
               f"{f['comm_cpu_slowdown']:.2f}x theirs alone and the compute's {f['compute_cpu_slowdown']:.2f}x: the "
-              f"iteration takes at least that CPU, the slowest of {world} ranks' whose compute varies by "
-              f"{f['iteration_cv']:.1%})")
+              f"iteration takes at least that CPU, "
+              + ("the ranks taking turns on the cores" if share > 1 else
+                 f"the slowest of {world} ranks' whose compute varies by {f['iteration_cv']:.1%}") + ")")
         print("layouts (comm alone, ms; cpu = this process's CPU ms during it):")
         for key, c in comm.items():
             users = [n for n in names if comm_of[n] == key]
