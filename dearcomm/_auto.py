@@ -341,8 +341,9 @@ class AutoPlan:
                 + "/".join(f"{self.network.host_ms_per_mib.get(k, 0.0):.3f}" for k in KINDS)
                 + " ms per MiB more, a bound on the iteration: their CPU "
                 + f"{self.network.bound_comm_cpu_slowdown:.2f}x, the compute's "
-                + f"{self.network.compute_cpu_slowdown:.2f}x beside each other, the slowest rank's with the compute "
-                + f"varying {self.network.iteration_cv:.1%})" + trials)
+                + f"{self.network.compute_cpu_slowdown:.2f}x beside each other, "
+                + (f"{self.network.cores_share:g} ranks per core taking turns" if self.network.cores_share > 1 else
+                   f"the slowest rank's with the compute varying {self.network.iteration_cv:.1%}") + ")" + trials)
 
 
 def _describe(options: Dict[str, Any]) -> str:

@@ -280,6 +280,10 @@ def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirm
                                      network=dearcomm.prediction.Network(alpha_us=100.0, gbit_s=1.0), default=0))
     assert "the first candidate's first trial 130.00 ms" in logged
     assert "measured (default) schedule=dear" in logged and ", (reference) schedule=wfbp" in logged
+    assert "the slowest rank's with the compute varying 0.0%" in logged
+    shared = str(dataclasses.replace(plan, profile=types.SimpleNamespace(forward_ms=1.0, backward_ms=2.0, step_ms=1.0),
+                                     network=dearcomm.prediction.Network(alpha_us=100.0, gbit_s=1.0, cores_share=2.0)))
+    assert "2 ranks per core taking turns" in shared and "slowest rank" not in shared
     # One candidate and no runner-up: nothing to measure again.
     alone = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=1, step=0,
                            reason="test", network=None, profile=None, shortlist=shortlist[:1])
