@@ -47,8 +47,8 @@ simulated device gives it, and any schedule's, without a formula per schedule).
                                taken once a round, between the runs' turns, and
                                the rounds' medians kept, as the runs' are), compute slowed by the factor measured beside an
                                all-reduce and the collectives by the factor measured beside compute
-                               (benchmarks/contention.py; also once a round, the medians kept);
-                               the slowest rank's; error =
+                               (benchmarks/contention.py; also once a round, the medians kept,
+                               rank 0's on every rank, as auto plans); error =
                                predicted / measured - 1
 efficiency = ideal / measured (1.0: the schedule hides all it can); speedup = DDP's
 median / the run's (> 1: faster than DDP).
@@ -87,6 +87,7 @@ import dearcomm  # noqa: E402
 from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
 from dearcomm.contention import FACTORS as CONTENTION_FACTORS, machine_cpu_s, with_contention  # noqa: E402
+from dearcomm._rank0 import rank0s  # noqa: E402
 from dearcomm.host_cost import cores_share, fit_host_cpu  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
@@ -770,7 +771,10 @@ def main():
             bar.update()
     load1 = os.getloadavg()
     profile = dearcomm.TrainingProfile.median_of(profiles)
-    factors = {k: statistics.median(c[k] for c in contentions) for k in CONTENTION_FACTORS}
+    # Rank 0's medians on every rank, as auto plans (rank 0 decides for all): each rank's own,
+    # the slowest prediction kept, had put 4-rank loopback runs up to 20% longer than rank 0's.
+    factors = rank0s({k: statistics.median(c[k] for c in contentions) for k in CONTENTION_FACTORS},
+                     dist.group.WORLD)
     # The first round's timings (what --resimulate reads), the medians, and every round's
     # factors with their timings (to compare estimators offline).
     contention = dict(contentions[0], **factors, rounds=[dict(c) for c in contentions])
