@@ -16,7 +16,10 @@ from dearcomm._auto import surrogate_loss
 from tests.models import MixedNet, batches, global_batch, step_on_global_batch, step_on_slice
 from tests.multiprocess import run_workers
 
-STEPS = 36  # and 3 reconfiguration steps; each plan's trials take at most 16 (8 trials of 2 steps), then 3
+# And 3 reconfiguration steps. Each plan's trials take at most 20 steps (10 trials of 2: the first round's
+# 2 families, the reference and wrap()'s default; the first again; 1 refinement; 2 contenders, the default
+# and the reference confirmed, as many as the timings make), then 1 warm-up and 2 window steps: two plans 46.
+STEPS = 48
 
 # Options a re-plan may move between, each with AdamW state to carry over:
 # the update strategy changes (sharded -> replicated -> full), and the layout.
