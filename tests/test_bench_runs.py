@@ -172,3 +172,26 @@ def test_the_idle_phases_split_each_phase_by_thread():
     assert out["iteration_ms"] == pytest.approx(47.0) and out["unused_core_ms"] == pytest.approx(2 * 8.0)
     assert out["phases"]["backward"] == pytest.approx(dict(wall_ms=30.0, cpu_ms=22.0, beyond_cpu_ms=8.0,
                                                            blocked_ms=16.0))
+
+
+def test_the_drift_summary_tells_launches_apart_from_rounds():
+    """machine_drift.spread on synthetic launches: the machine 10% faster in
+    the second launch, DDP's iteration 1.5x the compute in both, and each
+    launch's rounds 1.05 above and below their median."""
+    import math
+
+    import machine_drift
+
+    def launch(compute):
+        rounds = [dict(compute_ms=compute * f, compute_cpu_ms=compute * f / 2, profile_ms=compute * f,
+                       ddp_ms=1.5 * compute * f, ddp_cpu_ms=compute * f) for f in (1 / 1.05, 1.0, 1.05)]
+        return dict(rounds=rounds, launch=rounds[1])
+
+    out = machine_drift.spread([launch(100.0), launch(110.0)])
+    median, low, high, across, within, leaves = out["DDP's iteration"]
+    assert (low, high) == pytest.approx((150.0, 165.0))
+    assert across == pytest.approx(math.log(1.1) / math.sqrt(2))
+    assert within == pytest.approx(math.log(1.05))  # 4 deviations of log 1.05 over 6 rounds - 2 launches
+    assert leaves == pytest.approx(1.25 * within / math.sqrt(3))
+    median, low, high, across, within, _ = out["DDP / compute alone"]
+    assert (median, low, high, across, within) == pytest.approx((1.5, 1.5, 1.5, 0.0, 0.0))
