@@ -303,10 +303,11 @@ def first_module_buckets(layout, model):
     return 1 + max(layout.params[i].last_bucket for i in range(count))
 
 
-def measure_collectives(args, layout, model):
+def measure_collectives(args, layout, model, reps):
     """All buckets' RS, AG and AR (gloo's allreduce, and the ordered one
     deft's backend runs), each kind launched back to back and waited, alone;
-    the all-reduce of the first module's buckets (m0) alone; process CPU during each."""
+    the all-reduce of the first module's buckets (m0) alone; process CPU
+    during each: the medians of ``reps`` timings."""
     backend = _C.process_group_backend(dist.group.WORLD)
     ordered = _C.process_group_backend(dist.group.WORLD)
     _C.keep_issue_order(ordered)
@@ -333,16 +334,20 @@ def measure_collectives(args, layout, model):
         run(kind)
         dist.barrier()
         cpu = []
-        # At least 5 (the median of 2 is their mean): one layout's all-reduce
-        # read 264 ms against 211 and 215 for the same bytes in two others,
-        # and its run's prediction 17% too long with it.
-        out[kind] = slowest(median_time(lambda: run(kind), max(5, args.iters), cpu))
+        out[kind] = slowest(median_time(lambda: run(kind), reps, cpu))
         out[f"cpu_{kind}"] = slowest(cpu[0])
     out["buckets"] = len(layout.buckets)
     out["bytes"] = sum(b.numel for b in layout.buckets) * 4
     out["m0_buckets"] = m0
     out["m0_bytes"] = sum(b.numel for b in layout.buckets[:m0]) * 4
     return out
+
+
+def median_of_rounds(rounds):
+    """One layout's measure_collectives() over the rounds: each timing's
+    median, the counts (buckets, bytes) as they are."""
+    return {k: statistics.median(r[k] for r in rounds) if k in COMM_KEYS or k.startswith("cpu_") else rounds[0][k]
+            for k in rounds[0]}
 
 
 def proportional_profile(model, pieces):
@@ -746,10 +751,18 @@ def main():
         layout = runtime.engine.layout if runtime is not None else plan_layout(args, probe)
         layouts.setdefault(layout_key(layout), layout)
         comm_of[name] = layout_key(layout)
-    comm = {key: measure_collectives(args, layout, probe) for key, layout in layouts.items()}
+    # The collectives alone, once a round between the runs like the profile,
+    # their medians kept: timed once before the rounds (5 times each), the
+    # CPU of one layout's all-reduces read 46 to 68 ms in three runs of one
+    # row (the MLP, 4 ranks on 2 cores), and where the host CPU bounds the
+    # iteration that CPU goes into every prediction of the row.
+    comm_rounds = []
+
+    def measure_round():
+        profile_once()
+        comm_rounds.append({key: measure_collectives(args, layout, probe, max(3, args.iters))
+                            for key, layout in layouts.items()})
     plans = {name: model.auto_plan() for name, (model, _) in runs.items() if parse_run(name)[0] == "auto"}
-    base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
-        comm[comm_of[names[0]]]
     label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
              f"world {world}, {network}, batch {args.batch}/rank, {threads} thread(s)/rank")
 
@@ -760,7 +773,7 @@ def main():
     phases = {name: {} for name in runs}
     total = args.rounds * len(runs) * args.iters
     with tqdm(total=total, disable=rank != 0, desc=args.model, mininterval=2, file=sys.stderr) as bar:
-        for name, model, optimizer in interleaved(runs, args.rounds, args.iters, x, y, profile_once):
+        for name, model, optimizer in interleaved(runs, args.rounds, args.iters, x, y, measure_round):
             f0, m0, c0, start = minor_faults(), machine_ms(), time.process_time(), time.perf_counter()
             iteration(model, optimizer, x, y, phases=phases[name])
             times[name].append(time.perf_counter() - start)
@@ -782,6 +795,9 @@ def main():
     # rounds like the runs (one measurement at the start has read twice the forward).
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
 
+    comm = {key: median_of_rounds([r[key] for r in comm_rounds]) for key in layouts}
+    base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
+        comm[comm_of[names[0]]]
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     share = cores_share(torch.device("cpu"), local_ranks=world)
     host_ms, host_ms_per_mib = host_cpu_of(list(comm.values()), share)
@@ -906,6 +922,10 @@ def main():
                                comm_ms={",".join(n for n in names if comm_of[n] == key):
                                         {k: (1e3 * v if k in COMM_KEYS or k.startswith("cpu") else v)
                                          for k, v in c.items()} for key, c in comm.items()},
+                               comm_rounds_ms=[{",".join(n for n in names if comm_of[n] == key):
+                                                {k: 1e3 * v for k, v in c.items() if k in COMM_KEYS or
+                                                 k.startswith("cpu_")} for key, c in r.items()}
+                                               for r in comm_rounds],
                                lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))
     for model, _ in runs.values():
         settle(model)

@@ -195,3 +195,10 @@ def test_the_drift_summary_tells_launches_apart_from_rounds():
     assert leaves == pytest.approx(1.25 * within / math.sqrt(3))
     median, low, high, across, within, _ = out["DDP / compute alone"]
     assert (median, low, high, across, within) == pytest.approx((1.5, 1.5, 1.5, 0.0, 0.0))
+
+
+def test_the_collectives_of_a_row_are_the_medians_of_its_rounds():
+    rounds = [dict(ar=a, cpu_ar=c, rs=1.0, cpu_rs=0.5, buckets=3, bytes=1024, m0_buckets=1, m0_bytes=256)
+              for a, c in ((0.10, 0.05), (0.30, 0.04), (0.20, 0.09))]
+    out = train_bench.median_of_rounds(rounds)
+    assert out == dict(ar=0.20, cpu_ar=0.05, rs=1.0, cpu_rs=0.5, buckets=3, bytes=1024, m0_buckets=1, m0_bytes=256)
