@@ -11,8 +11,9 @@ iteration against the compute alone from one launch to the next.
 
 Each round times the three one after the other, so that drift within a
 round falls on all of them alike; a launch's figure is the median over its
-rounds. Times are the slowest rank's; CPU the ranks' mean (the thread's for
-compute alone, the process's for DDP: gloo's threads too).
+rounds (of a ratio: the ratio of the medians). Times are the slowest rank's;
+CPU the ranks' mean (the thread's for compute alone, the process's for DDP:
+gloo's threads too). The profile takes --iters iterations after one warm-up.
 """
 import argparse
 import json
@@ -107,8 +108,9 @@ def spread(launches):
     """Per quantity over ``launches`` (each {"launch": medians, "rounds":
     [...]}): (median over launches, lowest, highest, the sd of the
     launches' logs, the rounds' sd of the log around their launch's
-    median, what that leaves a median of the rounds: about 1.25 sd /
-    sqrt(rounds))."""
+    figure (one degree of freedom per launch), what that leaves a median
+    of the rounds: sqrt(pi/2) ~ 1.25 sd / sqrt(rounds), the large-sample
+    standard error of a median)."""
     out = {}
     for name, of in QUANTITIES.items():
         values = [of(d["launch"]) for d in launches]

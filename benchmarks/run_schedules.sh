@@ -5,7 +5,7 @@
 # the same models on loopback and the loopback overhead. Needs root (netlab). Results in docs/benchmarks.md,
 # "Schedules side by side at 1 Gbit/s".
 #   bash benchmarks/run_schedules.sh [OUT]      # OUT default results/schedules
-#   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~100 min: 80 netlab, 20 loopback): see below
+#   ROUNDS=8 NO_TIMELINE=1 bash ...             # the prediction check (~2 hours: ~95 min netlab, 20 loopback): see below
 # Each run is timed over ROUNDS (default 2) rounds of ITERS (3) iterations,
 # interleaved with the row's other runs. Over 2 rounds the same schedule in two
 # runs of a row (ddp, wfbp) measured up to 12% apart, over 8 within 1.7% on 8

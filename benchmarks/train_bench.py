@@ -28,7 +28,9 @@ Pieces, measured in the same run: T_fwd, T_bwd, T_step (the profile's below: the
 ranks' model in step, no communication; T_step(shard) runs the optimizer over 1/p
 of the parameters) and the collectives of all buckets launched back to back,
 alone: T_RS, T_AG, T_AR, and T_AR(ordered), the all-reduce the CPU backend keeps in
-issue order for deft (its own exchanges, pipelined, in place of gloo's allreduce).
+issue order for deft (its own exchanges, pipelined, in place of gloo's allreduce);
+the profile, the contention factors and the collectives are timed once a round,
+between the runs, and their medians over the rounds kept.
   lower bound (any schedule)   max(T_fwd + T_bwd + T_step, T_AR)
   ideal of a run               the run's schedule and options on dearcomm's simulated device
                                (dearcomm.simulate: the executor and policy that train, on a
@@ -697,6 +699,8 @@ def main():
     parser.add_argument("--timeline", help="write PREFIX.json and PREFIX.png (every run), PREFIX-RUN.png")
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args()
+    if args.rounds < 1 or args.iters < 1:
+        parser.error(f"--rounds and --iters must be >= 1, got {args.rounds} and {args.iters}")
     names = run_names(args)
     for name in names:
         parse_run(name)
