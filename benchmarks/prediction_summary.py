@@ -60,7 +60,7 @@ def resimulate(data, lam: bool = False) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
     (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_bench import COMM_KEYS, host_cpu_of, simulation
+    from train_bench import COMM_KEYS, host_cpu_of, is_timing, simulation
 
     import torch
 
@@ -99,7 +99,7 @@ def resimulate(data, lam: bool = False) -> None:
     # Files from before runs recorded them: from their layouts' CPU, with this machine's cores.
     share = cores_share(torch.device("cpu"), local_ranks=data["world_size"], threads=data.get("threads") or 1)
     fitted = host_cpu_of(
-        [{k: (v / 1e3 if k in COMM_KEYS or k.startswith("cpu") else v) for k, v in c.items()}
+        [{k: (v / 1e3 if is_timing(k) else v) for k, v in c.items()}
          for c in data["comm_ms"].values()], share)
     host_ms = data.get("host_ms") or fitted[0]
     host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]

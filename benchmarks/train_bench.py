@@ -345,11 +345,23 @@ def measure_collectives(args, layout, model, reps):
     return out
 
 
+def is_timing(key):
+    """Whether a key of measure_collectives()'s dict is a time (a wall or a
+    CPU time, in seconds), not a count (buckets, bytes)."""
+    return key in COMM_KEYS or key.startswith("cpu_")
+
+
 def median_of_rounds(rounds):
     """One layout's measure_collectives() over the rounds: each timing's
     median, the counts (buckets, bytes) as they are."""
-    return {k: statistics.median(r[k] for r in rounds) if k in COMM_KEYS or k.startswith("cpu_") else rounds[0][k]
-            for k in rounds[0]}
+    return {k: statistics.median(r[k] for r in rounds) if is_timing(k) else rounds[0][k] for k in rounds[0]}
+
+
+def in_ms(comm, names, comm_of):
+    """Per layout (keyed by the runs on it, comma-joined) its measure_collectives()
+    dict with the times in ms: what the JSON stores."""
+    return {",".join(n for n in names if comm_of[n] == key): {k: 1e3 * v if is_timing(k) else v for k, v in c.items()}
+            for key, c in comm.items()}
 
 
 def proportional_profile(model, pieces):
@@ -800,8 +812,8 @@ def main():
     pieces.update(fwd=profile.forward_ms / 1e3, bwd=profile.backward_ms / 1e3, step=profile.step_ms / 1e3)
 
     comm = {key: median_of_rounds([r[key] for r in comm_rounds]) for key in layouts}
-    base = comm[layout_key(plan_layout(args, probe))] if layout_key(plan_layout(args, probe)) in comm else \
-        comm[comm_of[names[0]]]
+    unpartitioned = layout_key(plan_layout(args, probe))
+    base = comm[unpartitioned] if unpartitioned in comm else comm[comm_of[names[0]]]
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     share = cores_share(torch.device("cpu"), local_ranks=world)
     host_ms, host_ms_per_mib = host_cpu_of(list(comm.values()), share)
@@ -923,13 +935,8 @@ def main():
                                profile_rounds_ms=[dict(forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
                                                   for p in profiles],
                                contention=contention, host_ms=host_ms, host_ms_per_mib=host_ms_per_mib,
-                               comm_ms={",".join(n for n in names if comm_of[n] == key):
-                                        {k: (1e3 * v if k in COMM_KEYS or k.startswith("cpu") else v)
-                                         for k, v in c.items()} for key, c in comm.items()},
-                               comm_rounds_ms=[{",".join(n for n in names if comm_of[n] == key):
-                                                {k: 1e3 * v for k, v in c.items() if k in COMM_KEYS or
-                                                 k.startswith("cpu_")} for key, c in r.items()}
-                                               for r in comm_rounds],
+                               comm_ms=in_ms(comm, names, comm_of),
+                               comm_rounds_ms=[in_ms(r, names, comm_of) for r in comm_rounds],
                                lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))
     for model, _ in runs.values():
         settle(model)
