@@ -16,7 +16,9 @@ the ranks have cores of their own; with
 --lambda, and for files from before each part's CPU was recorded, the model
 before: the collectives' CPU at λ, no spread); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
-layouts' CPU), instead
+layouts' CPU; the kernel's CPU per MiB sent, for files from before it was
+timed with the collectives alone from the machine's softirq beside compute
+in the contention rounds), instead
 of reading the prediction the run made: a change of the model is then
 checked against measurements already taken. Files written before the plans
 were stored replay usbyte and deft without them (their errors are then not
@@ -103,7 +105,9 @@ def resimulate(data, lam: bool = False) -> None:
          for c in data["comm_ms"].values()], share)
     host_ms = data.get("host_ms") or fitted[0]
     host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]
-    data["host_ms"], data["host_ms_per_mib"] = host_ms, host_ms_per_mib
+    packet_ms_per_mib = data["packet_ms_per_mib"] if "packet_ms_per_mib" in data else \
+        packet_beside_compute(data, share)
+    data["host_ms"], data["host_ms_per_mib"], data["packet_ms_per_mib"] = host_ms, host_ms_per_mib, packet_ms_per_mib
     for name, run in data["runs"].items():
         if "skipped" in run or name not in layouts:
             continue
@@ -114,11 +118,29 @@ def resimulate(data, lam: bool = False) -> None:
                                                                names, run["buckets"]))
         prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"], factors,
                                 chosen=run.get("auto_options"), planned=planned, names=names, host_ms=host_ms,
-                                host_ms_per_mib=host_ms_per_mib, cores_share=0.0 if lam else share)
+                                host_ms_per_mib=host_ms_per_mib, cores_share=0.0 if lam else share,
+                                packet_ms_per_mib=0.0 if lam else packet_ms_per_mib)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
                       compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
+
+
+def packet_beside_compute(data, share) -> float:
+    """Network.packet_ms_per_mib for a file from before train_bench timed
+    the machine's softirq with the collectives alone: from the contention
+    rounds' (all-reduces of min(64 MiB, the model's gradients) beside
+    compute, every rank's on this machine); 0 where they did not record it."""
+    from train_bench import packet_cost_of
+
+    from dearcomm.host_cost import ring_traffic_bytes
+
+    world = data["world_size"]
+    nbytes = min(64 * 2**20, next(iter(data["comm_ms"].values()))["bytes"])
+    rounds = [r for r in data["contention"].get("rounds", []) if r.get("beside_machine_s")]
+    return packet_cost_of([(1e3 * r["beside_machine_s"]["softirq"],
+                            r["beside_comm_count"] * ring_traffic_bytes("all_reduce", nbytes, world)) for r in rounds],
+                          world, share) if rounds else 0.0
 
 
 def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: int) -> float:

@@ -202,3 +202,11 @@ def test_the_collectives_of_a_row_are_the_medians_of_its_rounds():
               for a, c in ((0.10, 0.05), (0.30, 0.04), (0.20, 0.09))]
     out = train_bench.median_of_rounds(rounds)
     assert out == dict(ar=0.20, cpu_ar=0.05, rs=1.0, cpu_rs=0.5, buckets=3, bytes=1024, m0_buckets=1, m0_bytes=256)
+
+
+def test_the_kernel_s_cost_pools_the_rounds_softirq_over_the_bytes_sent():
+    # Ticks of 10 ms: 0, 10 and 20 ms over three rounds of 40 MiB each rank sent (4 ranks):
+    # 30 ms over 480 MiB of the ranks' traffic, 1/16 ms per MiB, twice that a rank's wall on 2 cores.
+    rounds = [(0.0, 40 * 2**20), (10.0, 40 * 2**20), (20.0, 40 * 2**20)]
+    assert train_bench.packet_cost_of(rounds, local_ranks=4, share=2.0) == pytest.approx(2 * 30 / 480)
+    assert train_bench.packet_cost_of([], local_ranks=4, share=2.0) == 0.0
