@@ -20,9 +20,9 @@ each kind took, the lower quartile of HOST_REPEATS, times dearcomm.host_cost's
 cores_share; and its host_ms_per_mib: the slope of each kind's CPU time
 against its bytes over those calls and the timed sizes, times the same share
 (rank 0's, kept as its cores_share); and its packet_ms_per_mib: the
-machine's softirq time over the whole probe (the kernel's packet work, which
-no process's clock counts) per MiB each local rank sent, times the same
-share (dearcomm.host_cost.fit_packet_ms_per_mib; rank 0's).
+machine's softirq time over the largest size's calls (the kernel's packet
+work, which no process's clock counts) per MiB each local rank sent, times
+the same share (dearcomm.host_cost.fit_packet_ms_per_mib; rank 0's).
 """
 from __future__ import annotations
 
@@ -151,21 +151,23 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         plain, ordered = cpu_backend(group), cpu_backend(group)
         _C.keep_issue_order(ordered)
         backends = {**{kind: plain for kind in KINDS}, ORDERED_ALL_REDUCE: ordered}
-    rows, traffic = [], 0.0
-    machine = machine_cpu_s() if device.type == "cpu" else None
+    rows, softirq_ms, traffic = [], 0.0, 0.0
     for nbytes in sizes:
         full, shard = _buffers(nbytes, world_size, device)
+        # The kernel's cost per byte over the largest calls: a small call's
+        # packets cost it per packet, which the compute's copies charge no byte for.
+        largest = nbytes == max(sizes)
+        machine = machine_cpu_s() if largest and device.type == "cpu" else None
         for kind, backend in backends.items():
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
             rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
-            traffic += (repeats + 1) * ring_traffic_bytes(kind, full.numel() * 4, world_size)
+            traffic += (repeats + 1) * ring_traffic_bytes(kind, full.numel() * 4, world_size) if largest else 0.0
+        since = machine_cpu_since(machine) if machine is not None else None  # a CPU with /proc/stat
+        softirq_ms += 1e3 * since["softirq"] if since is not None else 0.0
     full, shard = _buffers(HOST_BYTES, world_size, device)
     host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
                    for kind, backend in backends.items()}
     host_bytes = full.numel() * 4
-    traffic += sum((HOST_REPEATS + 1) * ring_traffic_bytes(kind, host_bytes, world_size) for kind in backends)
-    machine = machine_cpu_since(machine)  # None on a GPU, or without /proc/stat: nothing charged
-    softirq_ms = 1e3 * machine["softirq"] if machine is not None else 0.0
     # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
     rows, host_cpu_ms, share, packet_ms_per_mib = rank0s(
         (rows, host_cpu_ms, cores_share(device),

@@ -156,7 +156,8 @@ def _probe_worker(rank, world_size):
         return wall, 1000.0 * ms * (1 + 0.1 * full.numel() * 4 / 2**20)
     network_probe._timed = rank_tagged
     network_probe.cores_share = lambda device: 1.5 if rank == 0 else 3.0
-    # The machine's softirq: 10 ms per rank more over the probe (rank 0's 10, the other's 20).
+    # The machine's softirq: 10 ms per rank more over the largest calls (rank 0's 10, the other's
+    # 20); the probe reads it around those calls alone.
     readings = iter([dict(busy=0.0, softirq=0.0, idle=0.0), dict(busy=1.0, softirq=0.01 * (rank + 1), idle=0.0)])
     contention.machine_cpu_s = network_probe.machine_cpu_s = lambda: next(readings)
     network = network_probe.probe_network(None, torch.device("cpu")).network
@@ -165,15 +166,13 @@ def _probe_worker(rank, world_size):
 
 
 def probe_traffic_bytes(world_size) -> float:
-    """The bytes each rank sends over probe_network's calls (every size and
-    kind, each timed call and the untimed first)."""
-    from dearcomm.network_probe import HOST_BYTES, HOST_REPEATS, PROBE_BYTES, _buffers
+    """The bytes each rank sends over probe_network's calls of its largest
+    size (every kind, each timed call and the untimed first)."""
+    from dearcomm.network_probe import PROBE_BYTES, _buffers
     from dearcomm.prediction import COST_KINDS
 
-    def sent(nbytes, calls):
-        full = _buffers(nbytes, world_size, torch.device("cpu"))[0].numel() * 4
-        return calls * sum(ring_traffic_bytes(kind, full, world_size) for kind in COST_KINDS)
-    return sum(sent(n, 3 + 1) for n in PROBE_BYTES) + sent(HOST_BYTES, HOST_REPEATS + 1)
+    full = _buffers(max(PROBE_BYTES), world_size, torch.device("cpu"))[0].numel() * 4
+    return (3 + 1) * sum(ring_traffic_bytes(kind, full, world_size) for kind in COST_KINDS)
 
 
 def network_probe_host_mib() -> float:
