@@ -16,7 +16,7 @@ the ranks have cores of their own; with
 --lambda, and for files from before each part's CPU was recorded, the model
 before: the collectives' CPU at λ, no spread); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
-layouts' CPU; the kernel's CPU per MiB sent, for files from before it was
+layouts' CPU; the kernel's CPU per MiB sent (none with --no-packets), for files from before it was
 timed with the collectives alone from the machine's softirq beside compute
 in the contention rounds), instead
 of reading the prediction the run made: a change of the model is then
@@ -58,9 +58,10 @@ def repeats(runs) -> dict:
             for name, first in firsts.items() if first in runs}
 
 
-def resimulate(data, lam: bool = False) -> None:
+def resimulate(data, lam: bool = False, packets: bool = True) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
-    (see the module's docstring)."""
+    (see the module's docstring); ``packets=False``: without the kernel's
+    packet work (Network.packet_ms_per_mib 0)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from train_bench import COMM_KEYS, host_cpu_of, is_timing, simulation
 
@@ -105,7 +106,7 @@ def resimulate(data, lam: bool = False) -> None:
          for c in data["comm_ms"].values()], share)
     host_ms = data.get("host_ms") or fitted[0]
     host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]
-    packet_ms_per_mib = data["packet_ms_per_mib"] if "packet_ms_per_mib" in data else \
+    packet_ms_per_mib = 0.0 if not packets else data["packet_ms_per_mib"] if "packet_ms_per_mib" in data else \
         packet_beside_compute(data, share)
     data["host_ms"], data["host_ms_per_mib"], data["packet_ms_per_mib"] = host_ms, host_ms_per_mib, packet_ms_per_mib
     for name, run in data["runs"].items():
@@ -160,12 +161,12 @@ def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: 
     raise ValueError(f"{name}: no unit of {UNITS_MB} MiB lays out the run's {buckets} buckets")
 
 
-def summarise(path: Path, again: bool = False, lam: bool = False):
+def summarise(path: Path, again: bool = False, lam: bool = False, packets: bool = True):
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "runs" not in data:
         return None  # not a train_bench.py file (a timeline)
     if again:
-        resimulate(data, lam)
+        resimulate(data, lam, packets)
     runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
     candidates = {n: r for n, r in runs.items() if is_candidate(n) and r.get("predicted_ms")}
     if not candidates:
@@ -200,10 +201,12 @@ def main():
     parser.add_argument("--lambda", dest="lam", action="store_true",
                         help="with --resimulate: the model before, the collectives' CPU charged at lambda (their "
                              "wall beside compute), the compute at 1, no spread of the ranks")
+    parser.add_argument("--no-packets", dest="packets", action="store_false",
+                        help="with --resimulate: without the kernel's packet work (Network.packet_ms_per_mib 0)")
     args = parser.parse_args()
-    if args.lam and not args.resimulate:
-        parser.error("--lambda needs --resimulate")
-    rows = [r for r in (summarise(f, args.resimulate, args.lam) for f in args.files) if r]
+    if (args.lam or not args.packets) and not args.resimulate:
+        parser.error("--lambda and --no-packets need --resimulate")
+    rows = [r for r in (summarise(f, args.resimulate, args.lam, args.packets) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
     print("| row | κ | λ | ν | μ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")
