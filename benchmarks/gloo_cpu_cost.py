@@ -12,7 +12,9 @@ Rank 0 sends, rank 1 receives (every receive posted before the send starts,
 as in PipelineRuntime); extra ranks only run the compute loop, to load the
 cores as a third pipeline rank would. CPU time is the process's user+system
 time (process_time: all its threads, gloo's included); kernel work done in
-softirq context on behalf of the socket is not in it.
+softirq context on behalf of the socket is in it where the kernel runs it in
+the process's own context and does not account interrupt time apart
+(benchmarks/kernel_cpu.py measures which).
 """
 from __future__ import annotations
 

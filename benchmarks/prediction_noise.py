@@ -4,10 +4,6 @@ ranks' compute and the collectives share the cores).
 
     python benchmarks/prediction_noise.py docs/results/schedules/loopback-*/*-loopback-2.json
 
---resimulate scores this checkout's predictions (prediction_summary.py
---resimulate) instead of the stored ones; --no-packets, without the
-kernel's packet work.
-
 Three measurements, every one from the files alone:
   1. How closely each run's measured iteration follows its process's CPU
      per iteration (each run stores both): the iteration predicted as the
@@ -200,15 +196,11 @@ def main():
                         help="score this checkout's predictions (prediction_summary.py --resimulate), not the stored ones")
     parser.add_argument("--rounds-factor", type=float, default=None,
                         help="also score an exact model with this many times the rounds")
-    parser.add_argument("--no-packets", dest="packets", action="store_false",
-                        help="with --resimulate: without the kernel's packet work (Network.packet_ms_per_mib 0)")
     args = parser.parse_args()
-    if not args.packets and not args.resimulate:
-        parser.error("--no-packets needs --resimulate")
     rows = load(args.files)
     if args.resimulate:
         for _, data in rows:
-            resimulate(data, packets=args.packets)
+            resimulate(data)
 
     per_row, ratio = cpu_following(rows)
     print("## The iteration against the process's CPU\n")

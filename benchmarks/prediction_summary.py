@@ -16,9 +16,7 @@ the ranks have cores of their own; with
 --lambda, and for files from before each part's CPU was recorded, the model
 before: the collectives' CPU at λ, no spread); usbyte's and deft's plans where the file has them; each
 collective's host CPU per call and per MiB, for older files from their
-layouts' CPU; the kernel's CPU per MiB sent (none with --no-packets), for files from before it was
-timed with the collectives alone from the machine's softirq beside compute
-in the contention rounds), instead
+layouts' CPU), instead
 of reading the prediction the run made: a change of the model is then
 checked against measurements already taken. Files written before the plans
 were stored replay usbyte and deft without them (their errors are then not
@@ -58,10 +56,9 @@ def repeats(runs) -> dict:
             for name, first in firsts.items() if first in runs}
 
 
-def resimulate(data, lam: bool = False, packets: bool = True) -> None:
+def resimulate(data, lam: bool = False) -> None:
     """Replaces every run's predicted_ms by this checkout's simulation of it
-    (see the module's docstring); ``packets=False``: without the kernel's
-    packet work (Network.packet_ms_per_mib 0)."""
+    (see the module's docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from train_bench import COMM_KEYS, host_cpu_of, is_timing, simulation
 
@@ -106,9 +103,7 @@ def resimulate(data, lam: bool = False, packets: bool = True) -> None:
          for c in data["comm_ms"].values()], share)
     host_ms = data.get("host_ms") or fitted[0]
     host_ms_per_mib = data.get("host_ms_per_mib") or fitted[1]
-    packet_ms_per_mib = 0.0 if not packets else data["packet_ms_per_mib"] if "packet_ms_per_mib" in data else \
-        packet_beside_compute(data, share)
-    data["host_ms"], data["host_ms_per_mib"], data["packet_ms_per_mib"] = host_ms, host_ms_per_mib, packet_ms_per_mib
+    data["host_ms"], data["host_ms_per_mib"] = host_ms, host_ms_per_mib
     for name, run in data["runs"].items():
         if "skipped" in run or name not in layouts:
             continue
@@ -119,29 +114,11 @@ def resimulate(data, lam: bool = False, packets: bool = True) -> None:
                                                                names, run["buckets"]))
         prediction = simulation(name, args, profile, profile.step_ms, comm, data["world_size"], factors,
                                 chosen=run.get("auto_options"), planned=planned, names=names, host_ms=host_ms,
-                                host_ms_per_mib=host_ms_per_mib, cores_share=0.0 if lam else share,
-                                packet_ms_per_mib=0.0 if lam else packet_ms_per_mib)
+                                host_ms_per_mib=host_ms_per_mib, cores_share=0.0 if lam else share)
         run["predicted_ms"], run["predicted_cpu_ms"] = prediction.iteration_ms, prediction.cpu_ms
         run["predicted_timeline_ms"] = prediction.timeline_ms
     contention.update(comm_slowdown=comm_slowdown, comm_cpu_slowdown=comm_cpu_slowdown,
                       compute_cpu_slowdown=compute_cpu_slowdown, iteration_cv=iteration_cv)
-
-
-def packet_beside_compute(data, share) -> float:
-    """Network.packet_ms_per_mib for a file from before train_bench timed
-    the machine's softirq with the collectives alone: from the contention
-    rounds' (all-reduces of min(64 MiB, the model's gradients) beside
-    compute, every rank's on this machine); 0 where they did not record it."""
-    from train_bench import packet_cost_of
-
-    from dearcomm.host_cost import ring_traffic_bytes
-
-    world = data["world_size"]
-    nbytes = min(64 * 2**20, next(iter(data["comm_ms"].values()))["bytes"])
-    rounds = [r for r in data["contention"].get("rounds", []) if r.get("beside_machine_s")]
-    return packet_cost_of([(1e3 * r["beside_machine_s"]["softirq"],
-                            r["beside_comm_count"] * ring_traffic_bytes("all_reduce", nbytes, world)) for r in rounds],
-                          world, share) if rounds else 0.0
 
 
 def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: int) -> float:
@@ -161,12 +138,12 @@ def usbyte_bucket_mb(name, args, profile, comm, world, planned, names, buckets: 
     raise ValueError(f"{name}: no unit of {UNITS_MB} MiB lays out the run's {buckets} buckets")
 
 
-def summarise(path: Path, again: bool = False, lam: bool = False, packets: bool = True):
+def summarise(path: Path, again: bool = False, lam: bool = False):
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or "runs" not in data:
         return None  # not a train_bench.py file (a timeline)
     if again:
-        resimulate(data, lam, packets)
+        resimulate(data, lam)
     runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
     candidates = {n: r for n, r in runs.items() if is_candidate(n) and r.get("predicted_ms")}
     if not candidates:
@@ -201,12 +178,10 @@ def main():
     parser.add_argument("--lambda", dest="lam", action="store_true",
                         help="with --resimulate: the model before, the collectives' CPU charged at lambda (their "
                              "wall beside compute), the compute at 1, no spread of the ranks")
-    parser.add_argument("--no-packets", dest="packets", action="store_false",
-                        help="with --resimulate: without the kernel's packet work (Network.packet_ms_per_mib 0)")
     args = parser.parse_args()
-    if (args.lam or not args.packets) and not args.resimulate:
-        parser.error("--lambda and --no-packets need --resimulate")
-    rows = [r for r in (summarise(f, args.resimulate, args.lam, args.packets) for f in args.files) if r]
+    if args.lam and not args.resimulate:
+        parser.error("--lambda needs --resimulate")
+    rows = [r for r in (summarise(f, args.resimulate, args.lam) for f in args.files) if r]
     fmt = lambda x: f"{x:.3f}x" if x else "-"  # noqa: E731
     print("| row | κ | λ | ν | μ | runs within 10% | median \\|error\\| | worst error | pick (by prediction) | "
           "pick's measured time vs best | pick vs DDP | best measured (vs DDP) | default dear vs DDP |")

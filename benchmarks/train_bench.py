@@ -90,7 +90,7 @@ from dearcomm import _C  # noqa: E402
 from dearcomm._options import PLANNED_SCHEDULES  # noqa: E402
 from dearcomm.contention import FACTORS as CONTENTION_FACTORS, machine_cpu_s, with_contention  # noqa: E402
 from dearcomm._rank0 import rank0s  # noqa: E402
-from dearcomm.host_cost import cores_share, fit_host_cpu, fit_packet_ms_per_mib, ring_traffic_bytes  # noqa: E402
+from dearcomm.host_cost import cores_share, fit_host_cpu  # noqa: E402
 from dearcomm.network_fit import ring_coefficients  # noqa: E402
 from dearcomm.network_probe import GLOO_DEFAULT_THREADS  # noqa: E402
 from dearcomm.prediction import ORDERED_ALL_REDUCE  # noqa: E402
@@ -309,9 +309,7 @@ def measure_collectives(args, layout, model, reps):
     """All buckets' RS, AG and AR (gloo's allreduce, and the ordered one
     deft's backend runs), each kind launched back to back and waited, alone;
     the all-reduce of the first module's buckets (m0) alone; process CPU
-    during each: the medians of ``reps`` timings. And the bytes each rank
-    sent over them all (``traffic``: what the machine's softirq is charged
-    against, packet_cost_of)."""
+    during each: the medians of ``reps`` timings."""
     backend = _C.process_group_backend(dist.group.WORLD)
     ordered = _C.process_group_backend(dist.group.WORLD)
     _C.keep_issue_order(ordered)
@@ -333,31 +331,18 @@ def measure_collectives(args, layout, model, reps):
         for h in pending:
             h.wait()
 
-    world = dist.get_world_size()
-    kinds = dict(rs="reduce_scatter", ag="all_gather", ar="all_reduce", ar_m0="all_reduce",
-                 ar_ordered=ORDERED_ALL_REDUCE)
-    out, traffic = {}, 0.0
+    out = {}
     for kind in COMM_KEYS:
         run(kind)
         dist.barrier()
         cpu = []
         out[kind] = slowest(median_time(lambda: run(kind), reps, cpu))
         out[f"cpu_{kind}"] = slowest(cpu[0])
-        buffers = full[:m0] if kind == "ar_m0" else full
-        traffic += (1 + reps) * sum(ring_traffic_bytes(kinds[kind], f.numel() * 4, world) for f in buffers)
-    out["traffic"] = traffic
     out["buckets"] = len(layout.buckets)
     out["bytes"] = sum(b.numel for b in layout.buckets) * 4
     out["m0_buckets"] = m0
     out["m0_bytes"] = sum(b.numel for b in layout.buckets[:m0]) * 4
     return out
-
-
-def packet_cost_of(rounds, local_ranks, share):
-    """Network.packet_ms_per_mib from (the machine's softirq ms, bytes each
-    rank sent) over each round's collectives alone: pooled over the rounds
-    (the kernel's clock counts in ticks of 10 ms)."""
-    return fit_packet_ms_per_mib(sum(ms for ms, _ in rounds), sum(b for _, b in rounds), local_ranks, share)
 
 
 def is_timing(key):
@@ -418,7 +403,7 @@ def host_cpu_of(layouts, share):
 
 
 def simulation(name, args, profile, step_ms, comm, world, contention=None, chosen=None, planned=None, names=None,
-               host_ms=None, host_ms_per_mib=None, cores_share=0.0, packet_ms_per_mib=0.0):
+               host_ms=None, host_ms_per_mib=None, cores_share=0.0):
     """The run on the simulated device (a dearcomm.Prediction): its schedule and
     options, `profile`'s compute, each collective kind costing what the run's
     own buckets cost back to back, alone (see the module's docstring). ddp runs
@@ -430,8 +415,7 @@ def simulation(name, args, profile, step_ms, comm, world, contention=None, chose
     planned (``planned``: blocks, priorities and delays by parameter name,
     and the bucket_mb the plan set; ``names``: the profile's); ``host_ms``
     and ``host_ms_per_mib``: each collective's CPU, per call and per MiB
-    (host_cpu_of), and ``packet_ms_per_mib`` the kernel's per MiB sent
-    (packet_cost_of); ``contention``: the measured factors, every one of
+    (host_cpu_of); ``contention``: the measured factors, every one of
     dearcomm.contention.FACTORS (κ, λ, ν, μ, the compute's cv; None: a
     machine where nothing contends); ``cores_share``: the ranks over the
     cores they fill (dearcomm.host_cost.cores_share)."""
@@ -462,8 +446,7 @@ def simulation(name, args, profile, step_ms, comm, world, contention=None, chose
             elif plain:
                 costs[ORDERED_ALL_REDUCE] = costs["all_reduce"]
     network = dearcomm.Network(alpha_us=0.0, gbit_s=1.0, per_kind=per_kind, all_reduce_lanes=lanes, host_ms=host_ms,
-                               host_ms_per_mib=host_ms_per_mib, cores_share=cores_share,
-                               packet_ms_per_mib=packet_ms_per_mib)
+                               host_ms_per_mib=host_ms_per_mib, cores_share=cores_share)
     if contention is not None:
         network = with_contention(network, contention)
     extra = {}
@@ -789,15 +772,12 @@ def main():
     # CPU of one layout's all-reduces read 46 to 68 ms in three runs of one
     # row (the MLP, 4 ranks on 2 cores), and where the host CPU bounds the
     # iteration that CPU goes into every prediction of the row.
-    comm_rounds, packet_rounds = [], []
+    comm_rounds = []
 
     def measure_round():
         profile_once()
-        softirq_ms = machine_ms()["softirq"]
         comm_rounds.append({key: measure_collectives(args, layout, probe, max(3, args.iters))
                             for key, layout in layouts.items()})
-        packet_rounds.append((machine_ms()["softirq"] - softirq_ms,
-                              sum(c["traffic"] for c in comm_rounds[-1].values())))
     plans = {name: model.auto_plan() for name, (model, _) in runs.items() if parse_run(name)[0] == "auto"}
     label = (f"{args.model} ({n_params / 1e6:.1f} M params, buckets of <= {args.bucket_mb} MB), "
              f"world {world}, {network}, batch {args.batch}/rank, {threads} thread(s)/rank")
@@ -837,7 +817,6 @@ def main():
     compute = pieces["fwd"] + pieces["bwd"] + pieces["step"]
     share = cores_share(torch.device("cpu"), local_ranks=world)
     host_ms, host_ms_per_mib = host_cpu_of(list(comm.values()), share)
-    packet_ms_per_mib = packet_cost_of(rank0s(packet_rounds, dist.group.WORLD), world, share)
     rows, predictions = {}, {}
     for name, t in times.items():
         c = comm[comm_of[name]]
@@ -856,8 +835,7 @@ def main():
         predictions[name] = simulation(name, args, profile, profile.step_ms, c, world, factors, chosen=chosen,
                                        planned=planned,
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
-                                       host_ms_per_mib=host_ms_per_mib, cores_share=share,
-                                       packet_ms_per_mib=packet_ms_per_mib)
+                                       host_ms_per_mib=host_ms_per_mib, cores_share=share)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
         q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
@@ -910,8 +888,7 @@ def main():
               f"{min(c['compute_slowdown'] for c in contentions):.2f}-"
               f"{max(c['compute_slowdown'] for c in contentions):.2f}); per collective, the compute loses "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in host_ms.items()) + " and per MiB "
-              + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items())
-              + f", the kernel's {packet_ms_per_mib:.3f} ms per MiB sent (the layouts' CPU below "
+              + ", ".join(f"{k} {v:.3f} ms" for k, v in host_ms_per_mib.items()) + " (the layouts' CPU below "
               f"x {share:.2f}, the ranks over the cores; measured beside each other, the collectives' CPU is "
               f"{f['comm_cpu_slowdown']:.2f}x theirs alone and the compute's {f['compute_cpu_slowdown']:.2f}x: the "
               f"iteration takes at least that CPU, "
@@ -958,8 +935,6 @@ def main():
                                profile_rounds_ms=[dict(forward=p.forward_ms, backward=p.backward_ms, step=p.step_ms)
                                                   for p in profiles],
                                contention=contention, host_ms=host_ms, host_ms_per_mib=host_ms_per_mib,
-                               packet_ms_per_mib=packet_ms_per_mib,
-                               packet_rounds=[dict(softirq_ms=ms, traffic_bytes=b) for ms, b in packet_rounds],
                                comm_ms=in_ms(comm, names, comm_of),
                                comm_rounds_ms=[in_ms(r, names, comm_of) for r in comm_rounds],
                                lower_bound_ms=1e3 * max(compute, base["ar"]), runs=rows))

@@ -339,8 +339,7 @@ class AutoPlan:
                 + "/".join(f"{self.network.host_ms.get(k, 0.0):.2f}" for k in KINDS)
                 + " ms (reduce-scatter/all-gather/all-reduce), and the host CPU "
                 + "/".join(f"{self.network.host_ms_per_mib.get(k, 0.0):.3f}" for k in KINDS)
-                + f" ms per MiB more and the kernel's {self.network.packet_ms_per_mib:.3f} ms per MiB sent,"
-                + " a bound on the iteration: their CPU "
+                + " ms per MiB more, a bound on the iteration: their CPU "
                 + f"{self.network.bound_comm_cpu_slowdown:.2f}x, the compute's "
                 + f"{self.network.compute_cpu_slowdown:.2f}x beside each other, "
                 + (f"{self.network.cores_share:g} ranks per core taking turns" if self.network.cores_share > 1 else

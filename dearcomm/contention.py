@@ -215,8 +215,7 @@ def machine_cpu_s() -> Optional[dict]:
                 idle=(idle + iowait) * tick)
 
 
-def machine_cpu_since(start: Optional[dict]) -> Optional[dict]:
-    """machine_cpu_s() since ``start`` (one of its readings); None where either is."""
+def _machine_since(start: Optional[dict]) -> Optional[dict]:
     now = machine_cpu_s()
     return None if start is None or now is None else {k: now[k] - start[k] for k in start}
 
@@ -324,7 +323,7 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
     alone_cpu, alone_process_cpu, comm_alone, comm_alone_cpu = [], [], [], []
     machine, wall = machine_cpu_s(), time.perf_counter()
     alone = _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
-    alone_machine = dict(machine_cpu_since(machine) or {}, wall=time.perf_counter() - wall)
+    alone_machine = dict(_machine_since(machine) or {}, wall=time.perf_counter() - wall)
     for _ in range(3):
         start = time.process_time()  # every thread: the backend's do the work
         comm_alone.append(_timed(lambda: _C.all_reduce(backend, buffer).wait()))
@@ -357,7 +356,7 @@ def _measure(compute: Callable[[], None], group, lockstep: Lockstep, backend, bu
         thread.join()
     compute_cpu = time.thread_time() - compute_cpu
     process_cpu = time.process_time() - process_cpu
-    beside_machine = dict(machine_cpu_since(machine) or {}, wall=time.perf_counter() - wall)
+    beside_machine = dict(_machine_since(machine) or {}, wall=time.perf_counter() - wall)
     alone += _alone(compute, lockstep, iters, alone_cpu, alone_process_cpu)
     beside = [(end - start, _busy_fraction(start, end, busy)) for start, end in spans]
     comm_beside = [b - a for a, b in busy[1:-1]] or [b - a for a, b in busy]

@@ -26,15 +26,6 @@ On loopback, 2 ranks on 2 cores, DDP's process took 493 ms of CPU per
 iteration of an MLP whose compute alone took 417 and whose all-reduces alone
 took 38: twice their CPU alone (comm_slowdown there read 1.98). The
 iteration measured 531 ms; the simulated timeline 503, the bound 541.
-
-And the kernel's share (Network.packet_ms_per_mib): the packet work of the
-host's TCP (loopback's receive side included) runs as softirq, charged to
-no process, so no process clock sees it; the whole machine's counters do.
-On loopback it took 45-90 µs of a core per MiB each rank sent, 2-3% of the
-machine's CPU on the 4-rank MLP and widein rows, which the ranks' cores pay
-for too. fit_packet_ms_per_mib() turns the machine's softirq over a run of
-collectives into that cost per MiB of one rank's traffic
-(ring_traffic_bytes: what a ring collective sends per rank).
 """
 from __future__ import annotations
 
@@ -45,7 +36,7 @@ import numpy as np
 import torch
 
 from .network_fit import _nnls2
-from .prediction import COST_KINDS, MIB, ORDERED_ALL_REDUCE, _check_number
+from .prediction import COST_KINDS, MIB, _check_number
 
 
 def cores_share(device: torch.device, local_ranks: Optional[int] = None, threads: Optional[int] = None,
@@ -57,7 +48,7 @@ def cores_share(device: torch.device, local_ranks: Optional[int] = None, threads
     threads, the cores this process may run on."""
     if device.type != "cpu":
         return 0.0
-    local_ranks = local_world_size() if local_ranks is None else local_ranks
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if local_ranks is None else local_ranks
     threads = torch.get_num_threads() if threads is None else threads
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -65,39 +56,6 @@ def cores_share(device: torch.device, local_ranks: Optional[int] = None, threads
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"dearcomm: cores_share's {name} must be an int >= 1, got {value!r}")
     return local_ranks / cores if local_ranks * threads >= cores else 0.0
-
-
-def local_world_size() -> int:
-    """The ranks on this host: torchrun's LOCAL_WORLD_SIZE, 1 without it."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-
-
-def ring_traffic_bytes(kind: str, nbytes: float, world_size: int) -> float:
-    """Bytes one rank sends (and receives) in a collective of ``kind`` over
-    a buffer of ``nbytes`` on ``world_size`` ranks: (p-1)/p of the buffer
-    per pass, two passes for an all-reduce (a reduce-scatter and an
-    all-gather), as the simulator's α–β cost counts them."""
-    if kind not in COST_KINDS:
-        raise ValueError(f"dearcomm: ring_traffic_bytes of {kind!r}; expected one of {list(COST_KINDS)}")
-    _check_number("nbytes", nbytes, allow_zero=True)
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"dearcomm: ring_traffic_bytes needs a world size >= 1, got {world_size!r}")
-    passes = 2 if kind in ("all_reduce", ORDERED_ALL_REDUCE) else 1
-    return passes * (world_size - 1) / world_size * nbytes
-
-
-def fit_packet_ms_per_mib(softirq_ms: float, traffic_bytes: float, local_ranks: int, share: float) -> float:
-    """Network.packet_ms_per_mib from the machine's softirq time
-    (``softirq_ms``, every core) over collectives in which each of its
-    ``local_ranks`` ranks sent ``traffic_bytes``: its part per rank per MiB
-    sent, times ``share`` (cores_share: what a CPU second costs a rank's
-    wall). 0 where nothing was sent."""
-    _check_number("softirq_ms", softirq_ms, allow_zero=True)
-    _check_number("traffic_bytes", traffic_bytes, allow_zero=True)
-    _check_number("share", share, allow_zero=True)
-    if not isinstance(local_ranks, int) or isinstance(local_ranks, bool) or local_ranks < 1:
-        raise ValueError(f"dearcomm: fit_packet_ms_per_mib needs local_ranks >= 1, got {local_ranks!r}")
-    return share * softirq_ms / local_ranks / (traffic_bytes / MIB) if traffic_bytes > 0 else 0.0
 
 
 def fit_host_ms(samples: Mapping[str, Iterable[Tuple[float, float, float]]], share: float) -> Dict[str, float]:

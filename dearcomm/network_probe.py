@@ -19,10 +19,7 @@ its host_ms: the CPU time (this process, every thread) a HOST_BYTES call of
 each kind took, the lower quartile of HOST_REPEATS, times dearcomm.host_cost's
 cores_share; and its host_ms_per_mib: the slope of each kind's CPU time
 against its bytes over those calls and the timed sizes, times the same share
-(rank 0's, kept as its cores_share); and its packet_ms_per_mib: the
-machine's softirq time over the largest size's calls (the kernel's packet
-work, which no process's clock counts) per MiB each local rank sent, times
-the same share (dearcomm.host_cost.fit_packet_ms_per_mib; rank 0's).
+(rank 0's, kept as its cores_share).
 """
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ from . import _C
 from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
-from .contention import machine_cpu_s, machine_cpu_since
-from .host_cost import cores_share, fit_host_cpu, fit_packet_ms_per_mib, local_world_size, ring_traffic_bytes
+from .host_cost import cores_share, fit_host_cpu
 from .network_fit import NetworkFit, fit_network
 from .prediction import KINDS, ORDERED_ALL_REDUCE
 
@@ -151,28 +147,18 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         plain, ordered = cpu_backend(group), cpu_backend(group)
         _C.keep_issue_order(ordered)
         backends = {**{kind: plain for kind in KINDS}, ORDERED_ALL_REDUCE: ordered}
-    rows, softirq_ms, traffic = [], 0.0, 0.0
+    rows = []
     for nbytes in sizes:
         full, shard = _buffers(nbytes, world_size, device)
-        # The kernel's cost per byte over the largest calls: a small call's
-        # packets cost it per packet, which the compute's copies charge no byte for.
-        largest = nbytes == max(sizes)
-        machine = machine_cpu_s() if largest and device.type == "cpu" else None
         for kind, backend in backends.items():
             time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
             rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
-            traffic += (repeats + 1) * ring_traffic_bytes(kind, full.numel() * 4, world_size) if largest else 0.0
-        since = machine_cpu_since(machine) if machine is not None else None  # a CPU with /proc/stat
-        softirq_ms += 1e3 * since["softirq"] if since is not None else 0.0
     full, shard = _buffers(HOST_BYTES, world_size, device)
     host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
                    for kind, backend in backends.items()}
     host_bytes = full.numel() * 4
     # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
-    rows, host_cpu_ms, share, packet_ms_per_mib = rank0s(
-        (rows, host_cpu_ms, cores_share(device),
-         fit_packet_ms_per_mib(softirq_ms, traffic, min(local_world_size(), world_size), cores_share(device)))
-        if rank == 0 else None, group)
+    rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
@@ -182,5 +168,4 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
                                        for kind, cpu_ms in host_cpu_ms.items()}, share)
     return dataclasses.replace(fit, network=dataclasses.replace(fit.network, host_ms=host_ms,
                                                                 host_ms_per_mib=host_ms_per_mib, cores_share=share,
-                                                                packet_ms_per_mib=packet_ms_per_mib,
                                                                 all_reduce_lanes=all_reduce_lanes(group, device)))

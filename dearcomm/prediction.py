@@ -125,12 +125,6 @@ class Network:
     (Prediction.cpu_ms). 0 where collectives run elsewhere (a GPU) or on
     cores the compute leaves free ("ordered_all_reduce": the "all_reduce"'s
     unless given).
-    ``packet_ms_per_mib``: the host kernel's CPU (softirq: the packet work
-    of its TCP, loopback's receive side included, charged to no process) per
-    MiB a rank sends, in the same compute-stream milliseconds; the bound
-    counts it beside host_ms_per_mib for each collective's traffic (a ring's:
-    dearcomm.host_cost.ring_traffic_bytes). 0 by default and where the cores
-    are not all computing; dearcomm.network_probe measures it on a CPU.
     ``comm_cpu_slowdown``: the factor that bound charges the collectives'
     CPU at: their CPU beside compute over alone (ν,
     dearcomm.fit_comm_cpu_slowdown; 1.0-1.5 on loopback, where
@@ -160,7 +154,6 @@ class Network:
     all_reduce_lanes: int = 1
     host_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     host_ms_per_mib: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    packet_ms_per_mib: float = 0.0
     comm_cpu_slowdown: Optional[float] = None
     compute_cpu_slowdown: float = 1.0
     iteration_cv: float = 0.0
@@ -181,18 +174,6 @@ class Network:
         """{kind: seconds of host CPU per byte of a collective's buffer} for
         every kind of COST_KINDS, checked."""
         return _per_kind("host_ms_per_mib", self.host_ms_per_mib, 1e-3 / MIB)
-
-    def bound_costs_per_byte(self, world_size: int) -> Dict[str, float]:
-        """{kind: seconds of host CPU per byte of a collective's buffer on
-        ``world_size`` ranks} that the CPU bound counts: the process's
-        (host_ms_per_mib) and the kernel's for the bytes it sends
-        (packet_ms_per_mib)."""
-        from .host_cost import ring_traffic_bytes  # host_cost imports this module
-
-        _check_number("Network.packet_ms_per_mib", self.packet_ms_per_mib, allow_zero=True)
-        packet = self.packet_ms_per_mib * 1e-3 / MIB
-        return {kind: seconds + packet * ring_traffic_bytes(kind, 1.0, world_size)
-                for kind, seconds in self.host_costs_per_byte().items()}
 
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)} for every kind of COST_KINDS"""
@@ -239,8 +220,8 @@ class Prediction:
     cpu_ms: float = 0.0
     """The host CPU that iteration needs: its compute work (as alone;
     Network.compute_cpu_slowdown times that beside a collective) and its
-    collectives' CPU (Network.host_ms, host_ms_per_mib and packet_ms_per_mib,
-    comm_cpu_slowdown times). Where it is the longer, the ranks' cores bound the iteration."""
+    collectives' CPU (Network.host_ms and host_ms_per_mib, comm_cpu_slowdown
+    times). Where it is the longer, the ranks' cores bound the iteration."""
 
     def buckets(self, iteration: Optional[int] = None) -> List[Dict]:
         """Per bucket, the start and end (ms) of its reduction and of its
@@ -351,7 +332,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
-                      network.bound_costs_per_byte(world_size), float(cpu_factor),
+                      network.host_costs_per_byte(), float(cpu_factor),
                       float(network.compute_cpu_slowdown), float(network.iteration_cv),
                       float(network.cores_share))
     ms = 1e3

@@ -1,7 +1,6 @@
 """train_bench.py's run names and prediction_summary.py's reading of them:
 a run timed twice ('X/again') is X's configuration, and the summary lists it
 apart from the candidates."""
-import json
 import os
 import sys
 
@@ -78,6 +77,7 @@ def test_the_noise_report_measures_what_it_is_given(tmp_path):
     """prediction_noise.py on synthetic rows: every iteration 1.05x its CPU;
     runs timed twice 2% apart either way; the profile's compute 3% over and
     under DDP's on-CPU compute around each model's own ratio."""
+    import json
     import math
 
     import prediction_noise
@@ -204,30 +204,16 @@ def test_the_collectives_of_a_row_are_the_medians_of_its_rounds():
     assert out == dict(ar=0.20, cpu_ar=0.05, rs=1.0, cpu_rs=0.5, buckets=3, bytes=1024, m0_buckets=1, m0_bytes=256)
 
 
-def test_the_kernel_s_cost_pools_the_rounds_softirq_over_the_bytes_sent():
-    # Ticks of 10 ms: 0, 10 and 20 ms over three rounds of 40 MiB each rank sent (4 ranks):
-    # 30 ms over 480 MiB of the ranks' traffic, 1/16 ms per MiB, twice that a rank's wall on 2 cores.
-    rounds = [(0.0, 40 * 2**20), (10.0, 40 * 2**20), (20.0, 40 * 2**20)]
-    assert train_bench.packet_cost_of(rounds, local_ranks=4, share=2.0) == pytest.approx(2 * 30 / 480)
-    assert train_bench.packet_cost_of([], local_ranks=4, share=2.0) == 0.0
+def test_the_kernel_cpu_check_compares_the_machine_with_the_ranks_clocks():
+    """benchmarks/kernel_cpu.py as its docstring launches it, on 1 MiB calls:
+    one row per size and kind, its busy time the ranks' CPU to within the
+    counters' ticks and whatever else ran (this machine runs the tests too)."""
+    from tests.launch import torchrun
 
-
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results", "schedules")
-
-
-def test_predicting_a_stored_run_again_gives_its_predictions_and_the_kernel_s_part_of_them():
-    with open(os.path.join(RESULTS, "loopback-2-ranks-packets", "widein-loopback-2.json")) as f:
-        stored = json.load(f)
-    again, without = json.loads(json.dumps(stored)), json.loads(json.dumps(stored))
-    prediction_summary.resimulate(again)
-    prediction_summary.resimulate(without, packets=False)
-    assert stored["packet_ms_per_mib"] > 0 and without["packet_ms_per_mib"] == 0.0
-    for name, run in stored["runs"].items():
-        assert again["runs"][name]["predicted_ms"] == pytest.approx(run["predicted_ms"], rel=1e-9), name
-        assert without["runs"][name]["predicted_cpu_ms"] < run["predicted_cpu_ms"], name
-    # A file from before the benchmark timed it: the kernel's part from the contention rounds.
-    with open(os.path.join(RESULTS, "loopback-4-ranks-comm-rounds", "widein-loopback-4.json")) as f:
-        older = json.load(f)
-    assert "packet_ms_per_mib" not in older
-    prediction_summary.resimulate(older)
-    assert 0.05 < older["packet_ms_per_mib"] < 0.5
+    out = torchrun(2, "benchmarks/kernel_cpu.py", "--sizes-mib", "1", timeout=120)
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("1 MiB")]
+    assert [r[2] for r in rows] == ["all_reduce", "reduce_scatter"], out
+    for r in rows:
+        wall, busy, softirq, idle, ranks, difference = map(float, r[3:])
+        assert wall > 0 and ranks > 0 and 0 <= softirq <= busy, out
+        assert difference == pytest.approx(busy - ranks, abs=0.011), out

@@ -2,15 +2,14 @@
 the CPU per collective from synthetic timings of both shapes (one collective
 of several sizes; several layouts of the same bytes in more or fewer
 collectives: the benchmark), the share of a CPU second a rank's compute
-loses follows the cores, the kernel's packet work is charged per MiB each
-rank sends, and the network probe charges rank 0's CPU of a small call and
-rank 0's machine softirq on every rank."""
+loses follows the cores, and the network probe charges rank 0's CPU of a
+small call on every rank."""
 import math
 
 import pytest
 import torch
 
-from dearcomm.host_cost import cores_share, fit_host_cpu, fit_host_ms, fit_packet_ms_per_mib, ring_traffic_bytes
+from dearcomm.host_cost import cores_share, fit_host_cpu, fit_host_ms
 
 MIB = 1 << 20
 
@@ -89,39 +88,6 @@ def test_cores_share_rejects_bad_counts(kwargs):
         cores_share(torch.device("cpu"), **args)
 
 
-def test_a_ring_collective_sends_its_buffer_less_one_share_per_pass():
-    assert ring_traffic_bytes("reduce_scatter", 4 * MIB, 4) == 3 * MIB
-    assert ring_traffic_bytes("all_gather", 4 * MIB, 2) == 2 * MIB
-    assert ring_traffic_bytes("all_reduce", 4 * MIB, 4) == 6 * MIB  # a reduce-scatter and an all-gather
-    assert ring_traffic_bytes("ordered_all_reduce", 4 * MIB, 4) == 6 * MIB
-    assert ring_traffic_bytes("all_reduce", 4 * MIB, 1) == 0.0
-    with pytest.raises(ValueError, match="ring_traffic_bytes of 'broadcast'"):
-        ring_traffic_bytes("broadcast", MIB, 2)
-    with pytest.raises(ValueError, match="world size >= 1"):
-        ring_traffic_bytes("all_reduce", MIB, 0)
-    with pytest.raises(ValueError, match="nbytes must be"):
-        ring_traffic_bytes("all_reduce", -1, 2)
-
-
-def test_the_packet_cost_is_the_machine_s_softirq_per_rank_per_mib_sent():
-    # 4 ranks sent 30 MiB each while the machine spent 24 ms in softirq: 0.2 ms of a
-    # core per MiB a rank sends, which costs a rank 2x that where 4 ranks share 2 cores.
-    assert fit_packet_ms_per_mib(24.0, 30 * MIB, local_ranks=4, share=2.0) == pytest.approx(0.4)
-    assert fit_packet_ms_per_mib(24.0, 30 * MIB, local_ranks=4, share=0.0) == 0.0  # cores to spare
-    assert fit_packet_ms_per_mib(5.0, 0.0, local_ranks=2, share=1.0) == 0.0  # nothing sent: nothing to charge
-
-
-@pytest.mark.parametrize("args,match", [
-    ((-1.0, MIB, 2, 1.0), "softirq_ms must be"),
-    ((1.0, math.nan, 2, 1.0), "traffic_bytes must be"),
-    ((1.0, MIB, 0, 1.0), "local_ranks >= 1"),
-    ((1.0, MIB, 2, -0.5), "share must be"),
-])
-def test_bad_packet_measurements_get_clear_errors(args, match):
-    with pytest.raises(ValueError, match=match):
-        fit_packet_ms_per_mib(*args)
-
-
 def test_the_probe_s_host_cost_is_the_short_value_of_calls_that_take_one_of_two():
     from dearcomm.network_probe import HOST_REPEATS, HOST_STATISTIC
 
@@ -145,7 +111,7 @@ def _probe_worker(rank, world_size):
     cores' share (fixed at 1.5 on rank 0 and 3 on the other, a host of other
     cores: one rank of one thread on this machine's cores would have 0, and
     every figure with it): rank 0's on every rank, kept as cores_share."""
-    from dearcomm import contention, network_probe
+    from dearcomm import network_probe
     from dearcomm.prediction import COST_KINDS
 
     timed = network_probe._timed
@@ -156,23 +122,8 @@ def _probe_worker(rank, world_size):
         return wall, 1000.0 * ms * (1 + 0.1 * full.numel() * 4 / 2**20)
     network_probe._timed = rank_tagged
     network_probe.cores_share = lambda device: 1.5 if rank == 0 else 3.0
-    # The machine's softirq: 10 ms per rank more over the largest calls (rank 0's 10, the other's
-    # 20); the probe reads it around those calls alone.
-    readings = iter([dict(busy=0.0, softirq=0.0, idle=0.0), dict(busy=1.0, softirq=0.01 * (rank + 1), idle=0.0)])
-    contention.machine_cpu_s = network_probe.machine_cpu_s = lambda: next(readings)
     network = network_probe.probe_network(None, torch.device("cpu")).network
-    return (network.host_ms, network.cores_share, network.per_kind, network.host_ms_per_mib,
-            network.packet_ms_per_mib)
-
-
-def probe_traffic_bytes(world_size) -> float:
-    """The bytes each rank sends over probe_network's calls of its largest
-    size (every kind, each timed call and the untimed first)."""
-    from dearcomm.network_probe import PROBE_BYTES, _buffers
-    from dearcomm.prediction import COST_KINDS
-
-    full = _buffers(max(PROBE_BYTES), world_size, torch.device("cpu"))[0].numel() * 4
-    return (3 + 1) * sum(ring_traffic_bytes(kind, full, world_size) for kind in COST_KINDS)
+    return network.host_ms, network.cores_share, network.per_kind, network.host_ms_per_mib
 
 
 def network_probe_host_mib() -> float:
@@ -185,12 +136,8 @@ def test_the_probe_charges_rank_0s_cpu_of_a_small_call_on_every_rank():
     from tests.multiprocess import run_workers
 
     results = run_workers(_probe_worker, 2, deadline=120)
-    (host_ms, share, per_kind, per_mib, packet), (other, other_share, other_per_kind, other_per_mib, other_packet) \
-        = results
+    (host_ms, share, per_kind, per_mib), (other, other_share, other_per_kind, other_per_mib) = results
     assert host_ms == other and per_mib == other_per_mib, "every rank holds rank 0's host cost"
-    # Rank 0's 10 ms of softirq over the MiB each rank sent (one rank on this host: no
-    # LOCAL_WORLD_SIZE), times its share.
-    assert packet == other_packet == pytest.approx(1.5 * 10.0 / (probe_traffic_bytes(2) / MIB))
     assert share == other_share == 1.5, "every rank holds rank 0's share of the cores"
     small = 1 + 0.1 * network_probe_host_mib()
     assert host_ms == pytest.approx({"reduce_scatter": 1.0 * small * share, "all_gather": 2.0 * small * share,

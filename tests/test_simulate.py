@@ -278,29 +278,6 @@ def test_the_host_cpu_bounds_the_iteration_where_it_is_longer_than_the_timeline(
     assert replicated.cpu_ms == pytest.approx(3 + 2.0 + 6 + 3 * 2 * (1.0 + 0.5))
 
 
-def test_the_bound_counts_the_kernel_s_cpu_for_the_bytes_each_collective_sends():
-    """Network.packet_ms_per_mib: 2 ms per MiB a rank sends. wfbp's three
-    all-reduces of 1 MiB buckets send 2·(p-1)/p MiB each (1 MiB at 2 ranks,
-    1.5 at 4), dear's reduce-scatters and all-gathers (p-1)/p each; charged
-    like the process's CPU per MiB, comm_cpu_slowdown (2) times."""
-    mib_profile = [ModuleProfile(f"m{i}", 1.0, 2.0, [MIB // 4]) for i in range(3)]
-    fast = Network(alpha_us=0.0, gbit_s=math.inf, host_ms_per_mib={"all_reduce": 4.0}, comm_cpu_slowdown=2.0)
-    packets = dataclasses.replace(fast, packet_ms_per_mib=2.0)
-    for world, sent in ((2, 1.0), (4, 1.5)):
-        base = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=world, network=fast, step_ms=2.0,
-                                 bucket_mb=0)
-        p = dearcomm.simulate(mib_profile, schedule="wfbp", world_size=world, network=packets, step_ms=2.0,
-                              bucket_mb=0)
-        assert base.cpu_ms == pytest.approx(11.0 + 3 * 2 * 4.0)
-        assert p.cpu_ms == pytest.approx(base.cpu_ms + 3 * 2 * 2.0 * sent), world
-        assert p.iteration_ms == pytest.approx(p.cpu_ms)
-    dear = dearcomm.simulate(mib_profile, schedule="dear", world_size=4, step_ms=2.0, bucket_mb=0,
-                             network=dataclasses.replace(packets, host_ms_per_mib={}))
-    assert dear.cpu_ms == pytest.approx(3 + 6 + 0.5 + 2 * 3 * 2 * 2.0 * 0.75)
-    # Nothing sent on one host's cores to spare, nothing charged: the default.
-    assert Network(alpha_us=0.0, gbit_s=1.0).packet_ms_per_mib == 0.0
-
-
 def test_compute_beside_a_collective_counts_compute_cpu_slowdown_times_its_work_in_the_bound():
     """Network.compute_cpu_slowdown = 1.5 on the hand-computed timelines
     (EXPECTED): wfbp's steady iteration runs backward m1 and m0 (4 ms of
@@ -448,9 +425,6 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"all_reduce": math.inf})), ValueError,
      "all_reduce host_ms_per_mib must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0})), ValueError, "host_ms names"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, packet_ms_per_mib=-0.1)), ValueError, "packet_ms_per_mib must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, packet_ms_per_mib=math.nan)), ValueError,
-     "packet_ms_per_mib must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0})), ValueError,
      "all_reduce host_ms must be"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_gather": math.nan})), ValueError,
