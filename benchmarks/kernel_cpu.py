@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dearcomm import _C
 from dearcomm._cpu_switches import cpu_backend
-from dearcomm.contention import machine_cpu_s
+from dearcomm.contention import _machine_since, machine_cpu_s
 
 CALLS = 10
 
@@ -32,6 +32,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[16, 64])
     args = parser.parse_args()
+    if machine_cpu_s() is None:
+        parser.error("reads the machine's CPU from /proc/stat (Linux)")
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -53,10 +55,10 @@ def main():
                 call()
             ranks = torch.tensor([time.process_time() - cpu])
             wall = time.perf_counter() - wall
-            now = machine_cpu_s()
+            machine = _machine_since(machine)  # before the all-reduce below, which is not timed
             dist.all_reduce(ranks)
             if rank == 0:
-                busy, softirq, idle = (now[k] - machine[k] for k in ("busy", "softirq", "idle"))
+                busy, softirq, idle = (machine[k] for k in ("busy", "softirq", "idle"))
                 print(f"{mib:>5} MiB {kind:>15} {wall:>6.2f} {busy:>6.2f} {softirq:>8.2f} {idle:>6.2f} "
                       f"{ranks.item():>6.2f} {busy - ranks.item():>+13.2f}", flush=True)
             dist.barrier()
