@@ -39,8 +39,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = cpu_backend(dist.group.WORLD)
     if rank == 0:
-        print(f"{world} ranks; {CALLS} calls each; seconds over the calls (the machine's from /proc/stat, 10 ms ticks)")
-        print(f"{'size':>8} {'kind':>15} {'wall':>6} {'busy':>6} {'softirq':>8} {'idle':>6} {'ranks':>6} "
+        print(f"{world} ranks; {CALLS} calls each; seconds over the calls (the machine's from /proc/stat, 10 ms ticks; "
+              f"wall and ranks from the clocks, to the ms)")
+        print(f"{'size':>8} {'kind':>15} {'wall':>7} {'busy':>6} {'softirq':>8} {'idle':>6} {'ranks':>7} "
               f"{'busy - ranks':>13}")
     for mib in args.sizes_mib:
         full = torch.zeros(mib * 2**18 // world * world)
@@ -59,8 +60,8 @@ def main():
             dist.all_reduce(ranks)
             if rank == 0:
                 busy, softirq, idle = (machine[k] for k in ("busy", "softirq", "idle"))
-                print(f"{mib:>5} MiB {kind:>15} {wall:>6.2f} {busy:>6.2f} {softirq:>8.2f} {idle:>6.2f} "
-                      f"{ranks.item():>6.2f} {busy - ranks.item():>+13.2f}", flush=True)
+                print(f"{mib:>5} MiB {kind:>15} {wall:>7.3f} {busy:>6.2f} {softirq:>8.2f} {idle:>6.2f} "
+                      f"{ranks.item():>7.3f} {busy - ranks.item():>+13.3f}", flush=True)
             dist.barrier()
     dist.destroy_process_group()
 

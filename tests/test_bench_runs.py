@@ -205,15 +205,15 @@ def test_the_collectives_of_a_row_are_the_medians_of_its_rounds():
 
 
 def test_the_kernel_cpu_check_compares_the_machine_with_the_ranks_clocks():
-    """benchmarks/kernel_cpu.py as its docstring launches it, on 1 MiB calls:
+    """benchmarks/kernel_cpu.py as its docstring launches it, on 4 MiB calls:
     one row per size and kind, its busy time the ranks' CPU to within the
     counters' ticks and whatever else ran (this machine runs the tests too)."""
     from tests.launch import torchrun
 
-    out = torchrun(2, "benchmarks/kernel_cpu.py", "--sizes-mib", "1", timeout=120)
-    rows = [line.split() for line in out.splitlines() if line.strip().startswith("1 MiB")]
+    out = torchrun(2, "benchmarks/kernel_cpu.py", "--sizes-mib", "4", timeout=120)
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("4 MiB")]
     assert [r[2] for r in rows] == ["all_reduce", "reduce_scatter"], out
     for r in rows:
         wall, busy, softirq, idle, ranks, difference = map(float, r[3:])
         assert wall > 0 and ranks > 0 and 0 <= softirq <= busy, out
-        assert difference == pytest.approx(busy - ranks, abs=0.011), out
+        assert difference == pytest.approx(busy - ranks, abs=0.002), out  # each printed to the ms
