@@ -33,6 +33,13 @@ Three measurements, every one from the files alone:
   6. Where a file stores each run's predicted CPU (the simulated device's
      bound, predicted_cpu_ms): that against the run's measured CPU, per row,
      so a change of the model's CPU can be checked against the CPU itself.
+  7. What is left once a row's level is known: every prediction of a row
+     times its DDP run's measured over predicted iteration (the level a
+     launch's one measured run gives), scored as in 3, against an exact
+     model whose only errors are the runs' own noise (DDP's, shared by the
+     row, and each run's). Close to that, what the model misses is the
+     level alone; short of it, it also spaces a row's schedules otherwise
+     than the runs do.
 """
 import argparse
 import json
@@ -136,6 +143,21 @@ def observed_scores(rows):
         runs += within
         rows_met += within == len(errors)
     return sizes, runs, rows_met
+
+
+def scores_with_ddp_level(rows):
+    """observed_scores with every row's predictions scaled by its DDP run's
+    measured over predicted iteration (rows without both are left out)."""
+    scaled = []
+    for path, data in rows:
+        ddp = data["runs"].get("ddp", {})
+        if not ddp.get("predicted_ms") or not ddp.get("median_ms"):
+            continue
+        level = ddp["median_ms"] / ddp["predicted_ms"]
+        runs = {n: dict(r, predicted_ms=r["predicted_ms"] * level) if r.get("predicted_ms") else r
+                for n, r in data["runs"].items()}
+        scaled.append((path, dict(data, runs=runs)))
+    return observed_scores(scaled)
 
 
 def cpu_predicted(rows):
@@ -280,6 +302,17 @@ def main():
         more = exact_model_scores(sizes, sigma_profile * scale, sigma_run * scale)
         print(f"| an exact model, {args.rounds_factor:g}x the rounds, expected | {more[0]:.1f} of {sum(sizes)} "
               f"| {more[1]:.1f} of {len(sizes)} |")
+
+    sizes, runs, rows_met = scores_with_ddp_level(rows)
+    if sizes:
+        print("\n## The level taken from each row's DDP run\n")
+        print("Every prediction of a row times its DDP run's measured over predicted iteration:\n")
+        print("| | runs within 10% | rows with every run within 10% |")
+        print("|---|---|---|")
+        print(f"| the files' predictions, at DDP's level | {runs} of {sum(sizes)} | {rows_met} of {len(sizes)} |")
+        expected = exact_model_scores(sizes, sigma_run, sigma_run)
+        print(f"| an exact model at DDP's level, expected (DDP's run noise and each run's) | {expected[0]:.1f} of "
+              f"{sum(sizes)} | {expected[1]:.1f} of {len(sizes)} |")
 
     predicted = cpu_predicted(rows)
     if predicted:

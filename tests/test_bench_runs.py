@@ -109,6 +109,13 @@ def test_the_noise_report_measures_what_it_is_given(tmp_path):
 
     # ddp is a control, not a candidate: one run per row; the second row's wfbp is 14.3% off.
     assert prediction_noise.observed_scores(rows) == ([1, 1, 1, 1], 3, 3)
+    # At DDP's level (105 measured over 100 predicted): 105 on the rows that predicted 100, 126 (+20%) on the other.
+    assert prediction_noise.scores_with_ddp_level(rows) == ([1, 1, 1, 1], 3, 3)
+    rows[1][1]["runs"]["wfbp"]["predicted_ms"] = 95.0  # -9.5% as it is, -5% at DDP's level
+    assert prediction_noise.observed_scores(rows) == ([1, 1, 1, 1], 4, 4)
+    rows[0][1]["runs"]["wfbp"]["predicted_ms"] = 111.0  # +5.7% as it is, +11% at DDP's level
+    assert prediction_noise.scores_with_ddp_level(rows) == ([1, 1, 1, 1], 3, 3)
+    rows[0][1]["runs"]["wfbp"]["predicted_ms"] = 100.0
     assert prediction_noise.exact_model_scores([10, 10], 0.0, 0.0) == (20.0, 2.0)
     runs, rows_met = prediction_noise.exact_model_scores([10, 10], 0.5, 0.0)
     assert runs < 10 and rows_met < 0.5
