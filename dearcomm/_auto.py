@@ -374,6 +374,10 @@ def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[st
         raise ValueError(f"dearcomm: schedule='deft' plans its own delays at the first training forward; "
                          f"{'/'.join(auto)}='auto' does not apply to it (schedule='auto' with max_delay= "
                          f"considers deft beside the others)")
+    schedule = start.get("schedule", defaults["schedule"])
+    if "credit_mb" in auto and "schedule" not in auto and schedule != "bytescheduler":
+        raise ValueError(f"dearcomm: schedule={schedule!r} has no credit; credit_mb='auto' applies to "
+                         "schedule='bytescheduler' (or schedule='auto', which may pick it)")
     if "schedule" in auto and start.get("credit_mb") is not None:
         raise ValueError("dearcomm: credit_mb is bytescheduler's option; with schedule='auto' leave it None or "
                          "'auto' (the planner sets it where it picks bytescheduler)")
@@ -406,6 +410,11 @@ class AutoPlanner:
         self._switch_to: Optional[Dict[str, Any]] = None  # options to train with from the next forward
         self._trying = False  # measuring the last plan's shortlist
         self.handle = module.register_forward_pre_hook(_weak_hook(self._before_forward), with_kwargs=True, prepend=True)
+
+    @property
+    def settled(self) -> bool:
+        """Training with its choice: no plan due, no candidate on trial, no switch pending."""
+        return not (self._plan_due or self._trying or self._switch_to is not None)
 
     # ---- hooks ------------------------------------------------------------------
 
@@ -594,7 +603,8 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
             try:  # every rank raises alike if one could not profile (profile_calls with a group)
                 profile = profile_calls(module, lambda: surrogate_loss(module(*args, **kwargs)), optimizer,
                                         iterations=PROFILE_ITERATIONS, warmup=PROFILE_WARMUP,
-                                        group=runtime.group)
+                                        group=runtime.group,
+                                        find_unused_parameters=runtime.options.find_unused_parameters)
             except PeerFailed as e:  # another rank failed: raise as it does
                 if not e.value_errors:
                     raise

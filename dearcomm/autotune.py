@@ -75,8 +75,13 @@ class Plan:
 
 
 def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
-          partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]]) -> List[Dict[str, object]]:
+          partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]],
+          credit_given: bool = True) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
+    for name, given in (("schedules", schedules), ("updates", updates)):
+        if given is not None and (isinstance(given, str) or not isinstance(given, (list, tuple)) or not given):
+            raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of names (or None: all), "
+                             f"got {given!r}")
     # Schedules a planner sets the pieces of are searched only when asked
     # for: without their plans (dearcomm.usbyte, dearcomm.deft) usbyte is
     # bytescheduler with one block in flight and deft is wfbp.
@@ -87,6 +92,10 @@ def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], 
         raise ValueError(f"dearcomm: plan() got unknown schedule(s) {unknown}; known: {sorted(registry)}")
     if updates is not None and not any(u in registry[n]["updates"] for n in names for u in updates):
         raise ValueError(f"dearcomm: no schedule among {names} has an update in {list(updates)}")
+    with_credit = [n for n in registry if registry[n]["default_credit_bytes"] > 0]
+    if credit_given and any(c is not None for c in credit_mb) and not any(n in with_credit for n in names):
+        raise ValueError(f"dearcomm: plan()'s credit_mb {list(credit_mb)} applies to {with_credit}, none of which is "
+                         f"searched ({names}); leave credit_mb out or add one of them to schedules")
     grid = []
     for name in names:
         entry = registry[name]
@@ -103,14 +112,16 @@ def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], 
 
 def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequence[str]] = None,
          updates: Optional[Sequence[str]] = None, bucket_mb: Sequence[float] = BUCKET_MB, partition_mb: Sequence[Optional[float]] = PARTITION_MB,
-         credit_mb: Sequence[Optional[float]] = CREDIT_MB, step_ms: Optional[float] = None,
+         credit_mb: Optional[Sequence[Optional[float]]] = None, step_ms: Optional[float] = None,
          iterations: int = 3) -> Plan:
     """Simulates every candidate (see the module's docstring), one per
     distinct bucket layout of a schedule, update and credit, and returns the
     fastest with its prediction and the default's. ``profile``,
     ``network``, ``step_ms`` and ``iterations`` as in dearcomm.simulate;
     ``schedules`` and ``updates`` restrict the search (default: every
-    registered schedule with each of its updates)."""
+    registered schedule with each of its updates); ``credit_mb``: the
+    credits tried where a schedule has one (default CREDIT_MB)."""
+    credit_given, credit_mb = credit_mb is not None, CREDIT_MB if credit_mb is None else credit_mb
     for name, values in (("bucket_mb", bucket_mb), ("partition_mb", partition_mb), ("credit_mb", credit_mb)):
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
@@ -120,7 +131,7 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
     seen: Dict[Tuple, Candidate] = {}
     layouts = set()
     modules = profile.for_simulation() if isinstance(profile, TrainingProfile) else profile  # once, for the layouts
-    for options in _grid(schedules, updates, bucket_mb, partition_mb, credit_mb):
+    for options in _grid(schedules, updates, bucket_mb, partition_mb, credit_mb, credit_given):
         key = tuple(options[k] for k in _OPTION_ORDER)
         # Sizes that lay out the same buckets train alike: the first in grid
         # order stands for them (GPT: 24 bucket x partition sizes, 7 layouts),

@@ -13,8 +13,13 @@ iteration runs from one step() end to the next. Per iteration:
 
 The report gives the medians of iteration, communication and exposed
 communication, and compute = iteration - exposed (forward, backward, step
-and Python, as slowed by anything beside them). DEARCOMM_OVERLAP_REPORT=1 logs it once on
+and Python, as slowed by anything beside them). DEARCOMM_OVERLAP_REPORT=1 logs it on
 rank 0 when the window is complete.
+
+The window measures one configuration: with wrap()'s "auto" options it starts
+once auto trains with its choice (not while it tries candidates), and a
+re-plan that changes the options measures them again (the last report stays
+available until the new one is complete).
 """
 from __future__ import annotations
 
@@ -117,15 +122,32 @@ class OverlapMonitor:
         self._steps = 0
         self._boundaries: List[int] = []
         self._events: List[Dict] = []
+        self._tracing = False  # this monitor turned the engine's trace on
+        self._measured = None  # the options the window measures
         self.report: Optional[OverlapReport] = None
         self.unavailable = ""  # why there is no report, where there cannot be one
         self._log = os.environ.get("DEARCOMM_OVERLAP_REPORT", "0") not in ("", "0")
 
+    def _restart(self, runtime) -> None:
+        """Measures the options the runtime trains with now, from their first step."""
+        if self._tracing:
+            runtime.engine.set_tracing(False)  # an engine rebuilt since starts without a trace
+            self._tracing = False
+        self._steps, self._boundaries, self._events = 0, [], []
+        self._measured = runtime.options
+
     def step_ended(self) -> None:
-        if self.report is not None or self.unavailable:
+        if self.unavailable:
             return
-        self._steps += 1
         runtime = self._runtime()
+        if runtime.auto is not None and not runtime.auto.settled:
+            self._restart(runtime)  # auto tries candidates: nothing it keeps yet
+            return
+        if runtime.options != self._measured:
+            self._restart(runtime)  # built anew (auto chose or re-planned): the step that did it warms up
+        elif self.report is not None and self._steps == 0:
+            return  # these options are reported
+        self._steps += 1
         engine = runtime.engine
         now = time.perf_counter_ns()  # CLOCK_MONOTONIC, as the engine's steady_clock
         if self._steps == self._warmup:
@@ -133,6 +155,7 @@ class OverlapMonitor:
                 self.unavailable = "a dearcomm.timeline.Timeline holds the engine's trace"
                 return
             engine.set_tracing(True)
+            self._tracing = True
             self._boundaries = [now]
             return
         if self._steps < self._warmup:
@@ -141,6 +164,8 @@ class OverlapMonitor:
         self._events += engine.take_trace()
         if len(self._boundaries) > self._window:
             engine.set_tracing(False)
+            self._tracing = False
+            self._steps = 0
             options = runtime.options
             self.report = overlap_of(self._events, self._boundaries, f"{options.schedule}/{options.update}")
             plans = runtime.auto.plans if runtime.auto is not None else []
@@ -152,10 +177,12 @@ class OverlapMonitor:
                 logger.info("%s", self.report)
 
     def give_trace_away(self, reason: str) -> None:
-        """Someone else (a Timeline) takes the engine's trace from now on."""
-        if self.report is None and not self.unavailable:
+        """Someone else (a Timeline) takes the engine's trace from now on: no
+        window is measured after this (a complete report stays)."""
+        if not self.unavailable:
             self.unavailable = reason
             self._events = []
+            self._tracing = False
 
     def get(self) -> OverlapReport:
         if self.report is not None:

@@ -193,7 +193,7 @@ class TrainingProfile:
 
 def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimizer] = None, *,
             loss_fn: Optional[Callable[[Any, Any], torch.Tensor]] = None, iterations: int = 5,
-            warmup: int = 2, group: Optional[Any] = None) -> TrainingProfile:
+            warmup: int = 2, group: Optional[Any] = None, find_unused_parameters: bool = False) -> TrainingProfile:
     """Times `iterations` training iterations of `model` on `batch` (after
     `warmup` untimed ones) and returns the medians.
 
@@ -203,7 +203,10 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
     ``.loss`` (Hugging Face models), or the output itself if it is a scalar,
     or the sum of the output. Give the plain model, before dearcomm.wrap or DDP.
     ``group``: a process group whose ranks all call profile() at once, to
-    profile them in step as they train (see the module's docstring)."""
+    profile them in step as they train (see the module's docstring).
+    ``find_unused_parameters`` as wrap()'s: a parameter without a gradient
+    is taken as ready when backward ends, where the engine reduces it
+    (without it, such a parameter is an error)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"dearcomm: profile() takes an nn.Module, got {type(model).__name__}")
     if hasattr(model, "_dear") or isinstance(model, nn.parallel.DistributedDataParallel):
@@ -213,16 +216,19 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "iterations" else 0):
             raise ValueError(f"dearcomm: {name} must be an int >= {1 if name == 'iterations' else 0}, got {value!r}")
     return profile_calls(model, lambda: _loss(model, batch, loss_fn), optimizer, iterations=iterations,
-                         warmup=warmup, group=group)
+                         warmup=warmup, group=group, find_unused_parameters=find_unused_parameters)
 
 
 def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
                   optimizer: Optional[torch.optim.Optimizer] = None, *, iterations: int = 5,
-                  warmup: int = 2, group: Optional[Any] = None) -> TrainingProfile:
+                  warmup: int = 2, group: Optional[Any] = None,
+                  find_unused_parameters: bool = False) -> TrainingProfile:
     """profile() for a caller that runs the forward itself: ``compute_loss()``
     runs one forward of ``model`` and returns a scalar loss. The model's and
     the optimizer's state are restored afterwards (wrap()'s "auto" profiles
-    the user's first batch this way)."""
+    the user's first batch this way). ``find_unused_parameters`` (wrap()'s):
+    a parameter that gets no gradient in an iteration is taken as ready when
+    its backward ends, where the engine reduces it, instead of an error."""
     params = {p: n for n, p in model.named_parameters() if p.requires_grad}
     if not params:
         raise ValueError("dearcomm: the model has no parameter that requires grad; there is nothing to profile")
@@ -251,7 +257,7 @@ def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     try:
-        measured = _per_iteration(samples, probe, params)
+        measured = _per_iteration(samples, probe, params, find_unused_parameters)
     except ValueError as e:
         if lockstep is None:
             raise
@@ -404,16 +410,18 @@ _Timed = Dict[str, Any]
 _Layout = List[Tuple[str, List[Tuple[str, int, str]]]]
 
 
-def _per_iteration(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn.Parameter, str]
-                   ) -> Tuple[_Layout, List[_Timed]]:
+def _per_iteration(samples: List[Dict[str, Any]], probe: _Probe, params: Dict[nn.Parameter, str],
+                   find_unused_parameters: bool = False) -> Tuple[_Layout, List[_Timed]]:
     owned = _readers(probe.model, probe.forward_order, params)
     order = [m for m in probe.forward_order if owned.get(m)]
     no_grad = [params[p] for p in params if any(p not in s["ready"] for s in samples)]
-    if no_grad:
+    if no_grad and not find_unused_parameters:
         raise ValueError(f"dearcomm: {len(no_grad)} parameter(s) got no gradient: {no_grad[:8]}; every parameter "
-                         "that requires grad must take part in the loss")
+                         "that requires grad must take part in the loss, or find_unused_parameters=True (as in wrap()) "
+                         "takes it as ready when backward ends")
     timed = []
     for s in samples:
+        s = dict(s, ready={p: s["ready"].get(p, s["backward_end"]) for p in params})  # unused: at backward's end
         # Forward: from each module's first call to the next one's; before the first, counted with the first.
         bounds = [s["start"]] + [s["calls"][m] for m in order[1:]] + [s["forward_end"]]
         forward = [bounds[i + 1] - bounds[i] for i in range(len(order))]
@@ -544,7 +552,7 @@ def _parse(data: Any, source: str) -> TrainingProfile:
     modules = data.get("modules")
     if not isinstance(modules, list) or not modules:
         raise fail("no modules")
-    parsed, names = [], set()
+    parsed, names, param_of = [], set(), {}
     for i, m in enumerate(modules):
         if not isinstance(m, dict) or not isinstance(m.get("name"), str):
             raise fail(f"module {i} has no name")
@@ -566,6 +574,9 @@ def _parse(data: Any, source: str) -> TrainingProfile:
             dtype = getattr(torch, str(p.get("dtype")), None)
             if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
                 raise fail(f"{pwhere} has dtype {p.get('dtype')!r}; expected a floating dtype such as 'float32'")
+            if p["name"] in param_of:
+                raise fail(f"param {p['name']!r} appears twice (modules {param_of[p['name']]!r} and {m['name']!r})")
+            param_of[p["name"]] = m["name"]
             params.append(ParamProfile(p["name"], numel, dtype, time_ms(p, "grad_ready_ms", pwhere)))
         parsed.append(ProfiledModule(m["name"], time_ms(m, "forward_ms", where), time_ms(m, "backward_ms", where),
                                      params))
@@ -578,7 +589,12 @@ def _parse(data: Any, source: str) -> TrainingProfile:
     # Profiles saved before these were measured read 0: no pack or average cost.
     passes = {key: time_ms(data, key, "the profile") if key in data else 0.0
               for key in ("pack_ms_per_mib", "average_ms_per_mib")}
+    backward_ms = time_ms(data, "backward_ms", "the profile")
+    late = [(p.name, p.grad_ready_ms) for m in parsed for p in m.params
+            if p.grad_ready_ms > backward_ms * (1 + 1e-9) + 1e-9]
+    if late:  # ready times count from the end of the whole forward: none lies past the backward's end
+        raise fail(f"param {late[0][0]!r} has grad_ready_ms = {late[0][1]!r}, past the end of backward "
+                   f"(backward_ms = {backward_ms!r}; ready times count from the end of forward)")
     return TrainingProfile(modules=parsed, step_ms=time_ms(data, "step_ms", "the profile"),
                            forward_ms=time_ms(data, "forward_ms", "the profile"),
-                           backward_ms=time_ms(data, "backward_ms", "the profile"), machine=machine,
-                           iterations=iterations, **passes)
+                           backward_ms=backward_ms, machine=machine, iterations=iterations, **passes)

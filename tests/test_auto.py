@@ -174,6 +174,11 @@ def test_auto_refuses_what_it_cannot_plan():
     optimizer = make_optimizer(model)
     with pytest.raises(ValueError, match="dearcomm: credit_mb is bytescheduler's option"):
         dearcomm.wrap(model, optimizer, schedule="auto", credit_mb=4.0)
+    for schedule in (None, "wfbp"):  # wrap()'s default (dear), or another schedule without a credit
+        given = {} if schedule is None else dict(schedule=schedule)
+        with pytest.raises(ValueError, match=f"schedule='{schedule or 'dear'}' has no credit; credit_mb='auto' "
+                                             "applies to schedule='bytescheduler'"):
+            dearcomm.wrap(model, optimizer, credit_mb="auto", **given)
     with pytest.raises(ValueError, match="dearcomm: bucket_mb='auto' cannot be combined with blocks"):
         dearcomm.wrap(model, optimizer, bucket_mb="auto", blocks={"head.weight": [39]})
     with pytest.raises(ValueError, match="dearcomm: priorities are usbyte's order for one job"):
@@ -453,3 +458,38 @@ def test_the_reference_is_ddps_layout_or_the_users_own_options():
     assert reference(dear_only, ("schedule", "bucket_mb", "partition_mb")) is candidates[2]
     none_fits = dataclasses.replace(result, candidates=candidates[:2])
     assert reference(none_fits, ("schedule", "bucket_mb", "partition_mb")) is None
+
+
+class _WithUnusedHead(MixedNet):
+    def __init__(self):
+        super().__init__()
+        self.unused_head = torch.nn.Linear(4, 4)  # never called: no gradient, as DDP's find_unused_parameters allows
+
+
+def _unused_worker(rank, world_size):
+    torch.manual_seed(0)
+    model = _WithUnusedHead()
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", find_unused_parameters=True)
+    torch.manual_seed(1)
+    for x, y in batches(12, global_batch(world_size)):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+    model.sync()
+    return dict(plan=model.auto_plan() is not None, params={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_auto_profiles_a_model_with_unused_parameters_where_wrap_allows_them():
+    """find_unused_parameters=True: "auto" profiles such a model (the unused
+    parameters taken as ready when backward ends) and trains it like one
+    process, as schedule="dear" does."""
+    results = run_workers(_unused_worker, 2, deadline=180)
+    assert all(r["plan"] for r in results)
+    torch.manual_seed(0)
+    model = _WithUnusedHead()
+    optimizer = make_optimizer(model)
+    torch.manual_seed(1)
+    for x, y in batches(12, global_batch(2)):
+        step_on_global_batch(model, optimizer, x, y)
+    for rank, r in enumerate(results):
+        for name, value in r["params"].items():
+            torch.testing.assert_close(value, dict(model.named_parameters())[name].detach(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank} {name}: {m}")

@@ -57,6 +57,18 @@ def test_every_registered_schedule_and_update_is_searched():
     assert all(c.options["credit_mb"] is None for c in p.candidates if c.options["schedule"] != "bytescheduler")
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(schedules=[]), r"schedules must be a non-empty list of names \(or None: all\), got \[\]"),
+    (dict(schedules="dear"), "schedules must be a non-empty list of names .*got 'dear'"),
+    (dict(updates="sharded"), "updates must be a non-empty list of names .*got 'sharded'"),
+    (dict(schedules=["dear", "wfbp"], credit_mb=[4.0]),
+     r"credit_mb \[4.0\] applies to \['bytescheduler'\], none of which is searched \(\['dear', 'wfbp'\]\)"),
+])
+def test_a_grid_that_cannot_be_searched_as_asked_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=r"dearcomm: plan\(\)'s " + match):
+        dearcomm.plan(PROFILE, world_size=4, network=SLOW, **kwargs)
+
+
 def test_options_go_to_wrap_as_they_are():
     p = dearcomm.plan(PROFILE, world_size=4, network=SLOW, schedules=["bytescheduler"])
     assert p.options["schedule"] == "bytescheduler"

@@ -111,3 +111,41 @@ def test_report_from_real_runs():
             assert len(logged) == (1 if rank == 0 else 0), logged  # once, on rank 0
         message = out["timeline"]
         assert "no overlap report: a dearcomm.timeline.Timeline took the engine's trace" in message, message
+
+
+def auto_overlap_worker(rank, world_size):
+    """schedule="auto": the steps until it trains with its choice (the report
+    refused at each), then WARMUP + WINDOW more; the report and the options."""
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), schedule="auto")
+    refused, steps = [], 0
+    for x, y in batches(200, 8):
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+        if model.auto_plan() is not None and model._dear.auto.settled:
+            break
+        try:
+            model.overlap_report()
+            refused.append(False)
+        except RuntimeError:
+            refused.append(True)
+    settled_at = steps
+    for x, y in batches(WARMUP + WINDOW, 8, seed=1):
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    options = model._dear.options
+    return dict(refused=refused, settled_at=settled_at, report=model.overlap_report(),
+                trained=f"{options.schedule}/{options.update}", plan=model.auto_plan().describe())
+
+
+def test_under_auto_the_report_measures_the_choice_not_the_trials():
+    for out in run_workers(auto_overlap_worker, 2, deadline=240):
+        assert out["settled_at"] > WARMUP + WINDOW, "auto tried candidates for longer than one window"
+        assert all(out["refused"]), "no report while auto tried candidates"
+        report = out["report"]
+        assert report.schedule == out["trained"] and report.best_plan == out["plan"], (report, out)
+        assert report.iterations == WINDOW

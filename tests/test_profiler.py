@@ -310,6 +310,10 @@ def _saved(tmp_path):
     (lambda d: d.update(average_ms_per_mib="fast"), "average_ms_per_mib = 'fast'"),
     (lambda d: d.update(modules=[]), "no modules"),
     (lambda d: d["modules"].append(dict(d["modules"][0])), "module '0' appears twice"),
+    (lambda d: d["modules"][1]["params"].append(dict(d["modules"][0]["params"][0])),
+     "param '0.weight' appears twice (modules '0' and '1')"),
+    (lambda d: d["modules"][0]["params"][0].update(grad_ready_ms=d["backward_ms"] + 1.0),
+     "param '0.weight' has grad_ready_ms = "),
     (lambda d: d.update(version=99), "profile version 99"),
     (lambda d: d.pop("format"), "not a dearcomm profile"),
 ])
@@ -344,6 +348,18 @@ class _UsesOne(nn.Module):
 
     def forward(self, x):
         return self.used(x)
+
+
+def test_with_find_unused_parameters_a_parameter_without_a_gradient_is_ready_at_backwards_end():
+    """As the engine reduces it (wrap(find_unused_parameters=True), which
+    "auto" profiles with)."""
+    model = _UsesOne()
+    x = torch.randn(2, 4)
+    prof = dearcomm.profile(model, x, iterations=3, find_unused_parameters=True)
+    params = {p.name: p for m in prof.modules for p in m.params}
+    assert set(params) == {"used.weight", "used.bias", "unused.weight", "unused.bias"}
+    assert params["unused.weight"].grad_ready_ms == pytest.approx(prof.backward_ms)
+    assert params["used.weight"].grad_ready_ms <= prof.backward_ms
 
 
 class _DetachesOne(nn.Module):
