@@ -328,7 +328,9 @@ class AutoPlan:
             trials += "; measured again against the reference: " + ", ".join(
                 f"{'reference' if i == self.reference else _describe(self.shortlist[i][0])} {m:.2f} ms"
                 for i, m in self.confirmations)
-        return (f"dearcomm auto ({self.reason}): {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
+        # Before its trials the line names the predicted best and what is measured next; after, the choice.
+        verb = "chose" if self.decided else f"measures {len(self.shortlist)} candidates on the job, predicted best"
+        return (f"dearcomm auto ({self.reason}): {verb} {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
                 f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
                 f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on the ranks' profile (forward "
                 f"{self.profile.forward_ms:.1f} ms, backward {self.profile.backward_ms:.1f} ms, step "

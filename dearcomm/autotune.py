@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _C
 from ._options import PLANNED_SCHEDULES
-from .prediction import Network, bucket_layout, simulate
+from .prediction import Network, bucket_layout, check_network, simulate
 from .profiler import TrainingProfile
 
 BUCKET_MB = (25.0, 1.0, 4.0, 8.0, 64.0, math.inf)
@@ -125,8 +125,7 @@ def plan(profile, *, world_size: int, network: Network, schedules: Optional[Sequ
     for name, values in (("bucket_mb", bucket_mb), ("partition_mb", partition_mb), ("credit_mb", credit_mb)):
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of sizes, got {values!r}")
-    if not isinstance(network, Network):
-        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
+    check_network(network)
     run = dict(world_size=world_size, network=network, step_ms=step_ms, iterations=iterations)
     seen: Dict[Tuple, Candidate] = {}
     layouts = set()

@@ -35,7 +35,7 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .network_fit import _nnls2
+from ._nnls import nnls2
 from .prediction import COST_KINDS, MIB, _check_number
 
 
@@ -87,6 +87,6 @@ def fit_host_cpu(samples: Mapping[str, Iterable[Tuple[float, float, float]]],
         if len(rows) < 2 or np.linalg.matrix_rank(A) < 2:
             per_call[kind] = per_mib[kind] = 0.0
             continue
-        c0, c1 = _nnls2(A, np.array([cpu for *_, cpu in rows], dtype=float))
+        c0, c1 = nnls2(A, np.array([cpu for *_, cpu in rows], dtype=float))
         per_call[kind], per_mib[kind] = share * float(c0), share * float(c1)
     return per_call, per_mib

@@ -33,6 +33,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._nnls import nnls2
 from .prediction import COST_KINDS, ORDERED_ALL_REDUCE, Network, _check_number
 
 POOR_FIT_REL_ERROR = 0.25
@@ -293,23 +294,6 @@ def _collect(measurements: Measurements, select: _Selection,
 
 # ---- fitting ------------------------------------------------------------------------
 
-def _nnls2(A: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """min |A x − t| with x ≥ 0 for two unknowns: the unconstrained solution if
-    it is feasible, otherwise the best one with a variable at zero (for two
-    unknowns the constrained optimum lies on one of those boundaries)."""
-    x, *_ = np.linalg.lstsq(A, t, rcond=None)
-    if (x >= 0).all():
-        return x
-    candidates = []
-    for keep in (0, 1):
-        col = A[:, keep]
-        value = max(0.0, float(col @ t) / float(col @ col))
-        x = np.zeros(2)
-        x[keep] = value
-        candidates.append((float(np.sum((A @ x - t) ** 2)), x))
-    return min(candidates, key=lambda c: c[0])[1]
-
-
 WEIGHTS = ("relative", "absolute")
 
 
@@ -331,7 +315,7 @@ def _fit_kind(kind: str, rows: Sequence[Row], weights: str = "relative") -> Kind
     if abs(float(A[:, 0] @ A[:, 1])) / (scale[0] * scale[1]) > 1 - 1e-12:
         raise ValueError(f"dearcomm: the {kind} rows cannot separate α from β (their sizes and world sizes give "
                          f"proportional coefficients); measure more sizes")
-    alpha_us, beta_us = _nnls2(A / scale, target) / scale
+    alpha_us, beta_us = nnls2(A / scale, target) / scale
     if beta_us <= 0:
         raise ValueError(f"dearcomm: the {kind} times do not grow with size ({len(rows)} rows); no bandwidth can "
                          f"be fitted. Measure larger sizes")

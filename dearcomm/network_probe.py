@@ -27,7 +27,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,10 @@ from ._cpu_switches import cpu_backend
 from ._rank0 import rank0s
 from ._torch_collectives import all_gather_single, reduce_scatter_single
 from .host_cost import cores_share, fit_host_cpu
-from .network_fit import NetworkFit, fit_network
 from .prediction import KINDS, ORDERED_ALL_REDUCE
+
+if TYPE_CHECKING:
+    from .network_fit import NetworkFit
 
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 """Buffer sizes timed: they bracket the bucket sizes the planner tries (1–64
@@ -161,6 +163,8 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
     rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
     # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
     # link's burst allowance passes the smallest size faster than its rate.
+    from .network_fit import fit_network  # not at import: `python -m dearcomm.network_fit` would run a second copy
+
     fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
     host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
     _, host_ms_per_mib = fit_host_cpu({kind: [(1, host_bytes, cpu_ms)] + [(1, r["bytes"], r["cpu_us"] / 1e3)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -77,6 +78,14 @@ def _per_kind(field: str, by_kind: Mapping[str, float], scale: float) -> Dict[st
         _check_number(f"{kind} {field}", value, allow_zero=True)
         out[kind] = value * scale
     return out
+
+
+def check_network(network) -> None:
+    """A TypeError unless ``network`` is a Network (a preset's name points to network_preset)."""
+    if not isinstance(network, Network):
+        hint = (f"; for a preset, network=dearcomm.network_preset({network!r})" if isinstance(network, str)
+                else "")
+        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}{hint}")
 
 
 def _alpha_beta(kind: str, alpha_us, gbit_s) -> Tuple[float, float]:
@@ -178,6 +187,8 @@ class Network:
     def costs(self) -> Dict[str, Tuple[float, float]]:
         """{kind: (alpha seconds, beta seconds per byte)} for every kind of COST_KINDS"""
         _known_kinds("per_kind", self.per_kind)
+        if any(kind not in self.per_kind for kind in KINDS):  # the kinds without their own take these
+            _alpha_beta("Network", self.alpha_us, self.gbit_s)
         out = {kind: _alpha_beta(kind, *self.per_kind.get(kind, (self.alpha_us, self.gbit_s))) for kind in KINDS}
         ordered = self.per_kind.get(ORDERED_ALL_REDUCE)
         out[ORDERED_ALL_REDUCE] = out["all_reduce"] if ordered is None else _alpha_beta(ORDERED_ALL_REDUCE, *ordered)
@@ -295,8 +306,7 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
     _check_world_size(world_size)
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
         raise ValueError(f"dearcomm: iterations must be an int >= 1, got {iterations!r}")
-    if not isinstance(network, Network):
-        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
+    check_network(network)
     _check_number("step_ms", step_ms, allow_zero=True)
     _check_number("pack_ms_per_mib", pack_ms_per_mib, allow_zero=True)
     _check_number("average_ms_per_mib", average_ms_per_mib, allow_zero=True)
@@ -365,6 +375,9 @@ def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, flo
 
     if isinstance(profile, TrainingProfile):
         profile = profile.for_simulation()
+    elif isinstance(profile, (str, os.PathLike)):
+        raise TypeError(f"dearcomm: the profile is a dearcomm.TrainingProfile or a list of ModuleProfile, got a path "
+                        f"({profile!r}); read a saved one with dearcomm.TrainingProfile.load(path)")
     numels, dtypes, modules, grad_ready_s = [], [], [], []
     for m in profile:
         if not isinstance(m, ModuleProfile):

@@ -57,7 +57,7 @@ import heapq
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .prediction import ModuleProfile, Network
+from .prediction import ModuleProfile, Network, check_network
 
 __all__ = ["Layer", "Block", "USBytePlan", "plan", "plan_for_profile", "layers_from_profile",
            "ring_allreduce_ms"]
@@ -345,8 +345,7 @@ def ring_allreduce_ms(network: Network, world_size: int, bytes_per_element: int)
     compute runs beside it, which is nearly always the case in a US-Byte plan
     (phase 1 overlaps backward, phase 2 the forward). compute_slowdown is not
     applied: the planner takes compute times as given."""
-    if not isinstance(network, Network):
-        raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}")
+    check_network(network)
     _check_count("world_size", world_size, least=2)
     _check_count("bytes_per_element", bytes_per_element)
     slow = network.comm_slowdown

@@ -304,3 +304,14 @@ def test_simulate_charges_what_the_fitted_line_says():
         assert op["end_ms"] - op["start_ms"] == pytest.approx(expected_ms, rel=1e-9), op
         kinds.add(op["kind"])
     assert kinds == {"reduce_scatter", "all_gather"}
+
+
+def test_the_documented_command_runs_without_a_second_copy_of_the_module():
+    """`python -m dearcomm.network_fit` (docs/guide.md): nothing in `import
+    dearcomm` loads the module first, which runpy warns of (RuntimeWarning)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "dearcomm.network_fit", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr

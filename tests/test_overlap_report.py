@@ -139,7 +139,8 @@ def auto_overlap_worker(rank, world_size):
         optimizer.zero_grad()
     options = model._dear.options
     return dict(refused=refused, settled_at=settled_at, report=model.overlap_report(),
-                trained=f"{options.schedule}/{options.update}", plan=model.auto_plan().describe())
+                trained=f"{options.schedule}/{options.update}", plan=model.auto_plan().describe(),
+                predicted=model.auto_plan().predicted_ms)
 
 
 def test_under_auto_the_report_measures_the_choice_not_the_trials():
@@ -148,4 +149,5 @@ def test_under_auto_the_report_measures_the_choice_not_the_trials():
         assert all(out["refused"]), "no report while auto tried candidates"
         report = out["report"]
         assert report.schedule == out["trained"] and report.best_plan == out["plan"], (report, out)
+        assert out["predicted"] == report.best_plan_ms and f"the predicted best plan ({out['plan']})" in str(report)
         assert report.iterations == WINDOW
