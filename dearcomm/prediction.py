@@ -218,13 +218,13 @@ class Prediction:
     """Steady state: the longer of ``timeline_ms`` and ``cpu_ms`` times the
     ranks' meeting (Network.iteration_cv; 1 where they share cores,
     Network.cores_share)."""
-    ops: List[Dict]
+    ops: List[Dict] = dataclasses.field(repr=False)
     """Every collective: kind, bucket, iteration, issued/start/end/wait_begin/wait_end in ms."""
-    spans: List[Dict]
+    spans: List[Dict] = dataclasses.field(repr=False)
     """Compute: name, iteration, start/end in ms."""
-    records: List[Dict]
+    records: List[Dict] = dataclasses.field(repr=False)
     """The executor's state changes (what the real engine's take_records() gives)."""
-    layout: object
+    layout: object = dataclasses.field(repr=False)
     """The bucket layout (dearcomm._C.BucketLayout) the run used."""
     timeline_ms: float = 0.0
     """From the start of the last iteration's forward to the start of the next, on the simulated device."""
