@@ -70,7 +70,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import autotune, deft
-from ._options import WrapOptions
+from ._options import SCHEDULES, WrapOptions
 from .contention import NotFitted, measure_contention, with_contention
 from ._lockstep import PeerFailed
 from .prediction import KINDS, Network, bucket_layout
@@ -329,7 +329,7 @@ class AutoPlan:
                 f"{'reference' if i == self.reference else _describe(self.shortlist[i][0])} {m:.2f} ms"
                 for i, m in self.confirmations)
         # Before its trials the line names the predicted best and what is measured next; after, the choice.
-        verb = "chose" if self.decided else f"measures {len(self.shortlist)} candidates on the job, predicted best"
+        verb = "chose" if self.decided else "measures its shortlist on the job, predicted best"
         return (f"dearcomm auto ({self.reason}): {verb} {self.describe()} -> {self.predicted_ms:.2f} ms per iteration "
                 f"predicted, {self.gain_over_default:.3f}x wrap()'s default ({self.default_ms:.2f} ms); "
                 f"{self.candidates} candidates simulated in {self.planning_s:.1f} s on the ranks' profile (forward "
@@ -377,7 +377,7 @@ def split_auto(values: Dict[str, Any], blocks) -> Tuple[Dict[str, Any], Tuple[st
                          f"{'/'.join(auto)}='auto' does not apply to it (schedule='auto' with max_delay= "
                          f"considers deft beside the others)")
     schedule = start.get("schedule", defaults["schedule"])
-    if "credit_mb" in auto and "schedule" not in auto and schedule != "bytescheduler":
+    if "credit_mb" in auto and "schedule" not in auto and schedule in SCHEDULES and schedule != "bytescheduler":
         raise ValueError(f"dearcomm: schedule={schedule!r} has no credit; credit_mb='auto' applies to "
                          "schedule='bytescheduler' (or schedule='auto', which may pick it)")
     if "schedule" in auto and start.get("credit_mb") is not None:

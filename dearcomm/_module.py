@@ -68,10 +68,12 @@ class DearModule:
 
     def overlap_report(self) -> OverlapReport:
         """How much of this rank's communication ran beside compute, measured
-        over 10 iterations after the first 3 (dearcomm/overlap.py): iteration,
-        compute, communication and exposed communication times (medians), the
-        perfect-overlap bound and, with wrap()'s "auto" options, the plan they
-        chose and its predicted time. Raises until those iterations have run."""
+        over 10 iterations after the first 3 of the options that train
+        (dearcomm/overlap.py; under wrap()'s "auto" options, of its choice,
+        once its trials are over): iteration, compute, communication and
+        exposed communication times (medians), the perfect-overlap bound and,
+        with "auto", the plan it chose and its predicted time. Raises until
+        those iterations have run."""
         return self._dear.overlap.get()
 
     def auto_plan(self):

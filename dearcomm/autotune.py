@@ -78,10 +78,18 @@ def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], 
           partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]],
           credit_given: bool = True) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
+    checked = []
     for name, given in (("schedules", schedules), ("updates", updates)):
-        if given is not None and (isinstance(given, str) or not isinstance(given, (list, tuple)) or not given):
+        if given is not None and not isinstance(given, str):
+            try:
+                given = list(given)
+            except TypeError:
+                pass
+        if given is not None and (not isinstance(given, list) or not given):
             raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of names (or None: all), "
                              f"got {given!r}")
+        checked.append(given)
+    schedules, updates = checked
     # Schedules a planner sets the pieces of are searched only when asked
     # for: without their plans (dearcomm.usbyte, dearcomm.deft) usbyte is
     # bytescheduler with one block in flight and deft is wfbp.

@@ -17,9 +17,10 @@ and Python, as slowed by anything beside them). DEARCOMM_OVERLAP_REPORT=1 logs i
 rank 0 when the window is complete.
 
 The window measures one configuration: with wrap()'s "auto" options it starts
-once auto trains with its choice (not while it tries candidates), and a
-re-plan that changes the options measures them again (the last report stays
-available until the new one is complete).
+once auto trains with its choice (not while it tries candidates), and every
+later change of the options (auto's re-plan, deft's guard turning delays off)
+measures them again; the last report stays available until the new one is
+complete.
 """
 from __future__ import annotations
 
@@ -123,29 +124,32 @@ class OverlapMonitor:
         self._boundaries: List[int] = []
         self._events: List[Dict] = []
         self._tracing = False  # this monitor turned the engine's trace on
-        self._measured = None  # the options the window measures
+        self._measured = None  # the options the window measures (None: whatever trains next)
+        self._done = False     # their window is complete
+        self._trials = False   # "auto" is measuring candidates
         self.report: Optional[OverlapReport] = None
         self.unavailable = ""  # why there is no report, where there cannot be one
         self._log = os.environ.get("DEARCOMM_OVERLAP_REPORT", "0") not in ("", "0")
 
-    def _restart(self, runtime) -> None:
-        """Measures the options the runtime trains with now, from their first step."""
+    def _restart(self, runtime, options) -> None:
+        """Measures ``options`` (what the runtime trains with now) from their first step."""
         if self._tracing:
             runtime.engine.set_tracing(False)  # an engine rebuilt since starts without a trace
             self._tracing = False
         self._steps, self._boundaries, self._events = 0, [], []
-        self._measured = runtime.options
+        self._measured, self._done = options, False
 
     def step_ended(self) -> None:
         if self.unavailable:
             return
         runtime = self._runtime()
-        if runtime.auto is not None and not runtime.auto.settled:
-            self._restart(runtime)  # auto tries candidates: nothing it keeps yet
+        self._trials = runtime.auto is not None and not runtime.auto.settled
+        if self._trials:
+            self._restart(runtime, None)  # auto tries candidates: measure what it settles on
             return
         if runtime.options != self._measured:
-            self._restart(runtime)  # built anew (auto chose or re-planned): the step that did it warms up
-        elif self.report is not None and self._steps == 0:
+            self._restart(runtime, runtime.options)  # built anew: the step that did it warms up
+        elif self._done:
             return  # these options are reported
         self._steps += 1
         engine = runtime.engine
@@ -164,8 +168,7 @@ class OverlapMonitor:
         self._events += engine.take_trace()
         if len(self._boundaries) > self._window:
             engine.set_tracing(False)
-            self._tracing = False
-            self._steps = 0
+            self._tracing, self._done = False, True
             options = runtime.options
             self.report = overlap_of(self._events, self._boundaries, f"{options.schedule}/{options.update}")
             plans = runtime.auto.plans if runtime.auto is not None else []
@@ -189,6 +192,10 @@ class OverlapMonitor:
             return self.report
         if self.unavailable:
             raise RuntimeError(f"dearcomm: no overlap report: {self.unavailable}")
+        if self._trials:
+            raise RuntimeError(f"dearcomm: no overlap report yet: wrap()'s \"auto\" options are measuring candidates; "
+                               f"the report measures its choice over {self._warmup + self._window} optimizer.step()s "
+                               "once it trains with it")
         left = self._warmup + self._window - self._steps
         raise RuntimeError(f"dearcomm: the overlap report needs {left} more optimizer.step()s "
                            f"({self._warmup} warm-up iterations, then {self._window} measured)")

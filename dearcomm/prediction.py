@@ -83,8 +83,11 @@ def _per_kind(field: str, by_kind: Mapping[str, float], scale: float) -> Dict[st
 def check_network(network) -> None:
     """A TypeError unless ``network`` is a Network (a preset's name points to network_preset)."""
     if not isinstance(network, Network):
-        hint = (f"; for a preset, network=dearcomm.network_preset({network!r})" if isinstance(network, str)
-                else "")
+        from .network_fit import NETWORK_PRESETS  # network_fit imports this module
+
+        hint = (f"; for a preset, network=dearcomm.network_preset({network!r})" if network in NETWORK_PRESETS
+                else f"; a preset's name goes to dearcomm.network_preset() (one of {sorted(NETWORK_PRESETS)})"
+                if isinstance(network, str) else "")
         raise TypeError(f"dearcomm: network must be a dearcomm.Network, got {type(network).__name__}{hint}")
 
 

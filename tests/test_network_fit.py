@@ -312,6 +312,6 @@ def test_the_documented_command_runs_without_a_second_copy_of_the_module():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "dearcomm.network_fit", "--help"],
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning:runpy", "-m", "dearcomm.network_fit", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr

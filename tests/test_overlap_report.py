@@ -3,6 +3,7 @@ measured from the engine's traced collectives over a window of iterations
 (dearcomm/overlap.py)."""
 import logging
 import os
+import types
 
 import pytest
 import torch
@@ -115,7 +116,7 @@ def test_report_from_real_runs():
 
 def auto_overlap_worker(rank, world_size):
     """schedule="auto": the steps until it trains with its choice (the report
-    refused at each), then WARMUP + WINDOW more; the report and the options."""
+    refused at each), then the rest of WARMUP + WINDOW; the report and the options."""
     torch.manual_seed(0)
     model = MixedNet()
     model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), schedule="auto")
@@ -130,10 +131,10 @@ def auto_overlap_worker(rank, world_size):
         try:
             model.overlap_report()
             refused.append(False)
-        except RuntimeError:
-            refused.append(True)
+        except RuntimeError as e:
+            refused.append("\"auto\" options are measuring candidates" in str(e))
     settled_at = steps
-    for x, y in batches(WARMUP + WINDOW, 8, seed=1):
+    for x, y in batches(WARMUP + WINDOW - 1, 8, seed=1):  # the settled step above was the first
         F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -151,3 +152,75 @@ def test_under_auto_the_report_measures_the_choice_not_the_trials():
         assert report.schedule == out["trained"] and report.best_plan == out["plan"], (report, out)
         assert out["predicted"] == report.best_plan_ms and f"the predicted best plan ({out['plan']})" in str(report)
         assert report.iterations == WINDOW
+
+
+class _Engine:
+    def __init__(self):
+        self.tracing = False
+
+    def set_tracing(self, on):
+        self.tracing = on
+
+    def take_trace(self):
+        return [dict(kind="all_reduce", bucket=0, launched_ns=0, completed_ns=1, wait_begin_ns=-1, wait_end_ns=-1)]
+
+
+class _Runtime:
+    """What OverlapMonitor reads of a runtime: its options, engine, rank and "auto" part."""
+
+    def __init__(self):
+        self.options = dearcomm.WrapOptions(schedule="dear")
+        self.engine = _Engine()
+        self.rank = 1
+        self.auto = types.SimpleNamespace(settled=True, plans=[])
+
+
+def test_each_configuration_is_measured_once_it_trains_and_again_after_a_change():
+    """The window's state machine, step by step: a report of the options that
+    trained throughout the window, under "auto" never of its trials, and
+    again after any change, even back to options its trials ended on."""
+    from dearcomm.overlap import OverlapMonitor
+
+    runtime = _Runtime()
+    monitor = OverlapMonitor(runtime)
+
+    def steps(n):
+        for _ in range(n):
+            monitor.step_ended()
+
+    steps(WARMUP + WINDOW - 1)
+    with pytest.raises(RuntimeError, match="needs 1 more optimizer.step"):
+        monitor.get()
+    steps(1)
+    assert monitor.get().schedule == "dear/sharded" and not runtime.engine.tracing
+    steps(30)  # reported: no window runs again while nothing changes
+    assert not runtime.engine.tracing
+    # A re-plan: trials of wfbp, then the choice is the last candidate tried (no rebuild when it settles).
+    runtime.auto.settled = False
+    runtime.options = dearcomm.WrapOptions(schedule="wfbp")
+    steps(20)
+    assert monitor.get().schedule == "dear/sharded", "the last report stays while candidates are tried"
+    runtime.auto.settled = True
+    steps(WARMUP + WINDOW)
+    assert monitor.get().schedule == "wfbp/replicated"
+    # A change without "auto" (deft's guard, a checkpoint's delays): measured again.
+    runtime.auto = None
+    runtime.options = dearcomm.WrapOptions(schedule="bytescheduler")
+    steps(WARMUP + WINDOW - 1)
+    assert monitor.get().schedule == "wfbp/replicated"
+    steps(1)
+    assert monitor.get().schedule == "bytescheduler/replicated"
+
+
+def test_under_auto_the_report_says_it_waits_for_the_choice():
+    from dearcomm.overlap import OverlapMonitor
+
+    runtime = _Runtime()
+    runtime.auto.settled = False
+    monitor = OverlapMonitor(runtime)
+    for _ in range(40):
+        monitor.step_ended()
+    with pytest.raises(RuntimeError, match=f'"auto" options are measuring candidates; the report measures its '
+                                           f'choice over {WARMUP + WINDOW} optimizer.step'):
+        monitor.get()
+    assert not runtime.engine.tracing
