@@ -154,6 +154,7 @@ class DearRuntime:
         self._handles = []
         self.closed = False  # close() was called
         self.overlap = OverlapMonitor(self)  # model.overlap_report()
+        self._frozen: List[Tuple[str, nn.Parameter]] = []  # frozen when the engine was built (_refuse_unfrozen)
 
         for sub in module.modules():
             owned = [p for p in sub.parameters(recurse=False) if p in self.names]
@@ -195,9 +196,23 @@ class DearRuntime:
         the hooks that end the backward."""
         if not (module.training and torch.is_grad_enabled()) or self.planning or not self.sync_gradients:
             return
+        if any(p.requires_grad for _, p in self._frozen):
+            self._refuse_unfrozen()
         if self._broadcasts_buffers:
             self._broadcast_buffers(module)
         self._hook_outputs(output)
+
+    def _refuse_unfrozen(self) -> None:
+        """A parameter frozen when the engine was built and trainable now
+        would get a gradient that is neither averaged nor applied (the
+        buckets hold the trainable ones): refused, by name. (A trainable
+        parameter frozen since gets no gradient: backward's check names it.)"""
+        unfrozen = [n for n, p in self._frozen if p.requires_grad]
+        if unfrozen:
+            raise ValueError(
+                f"dearcomm: parameter(s) {unfrozen[:8]} became trainable after wrap(); their gradients would be "
+                "neither averaged nor applied. Make them trainable before wrap() (to unfreeze them later, train "
+                "them from the start in an optimizer param group whose lr stays 0 until then)")
 
     def _broadcast_buffers(self, module: nn.Module) -> None:
         # As DDP (broadcast_buffers=True), every rank's forwards start from
@@ -444,6 +459,7 @@ class DearRuntime:
             removed = [n for p, n in self.names.items() if p not in now]
             raise ValueError(f"dearcomm: the module's trainable parameters changed after wrap() (added {added}, "
                              f"removed or frozen {removed}); change the model before wrapping it")
+        self._frozen = [(n, p) for n, p in self._module.named_parameters() if p not in self.names]
         readers = self._parameter_readers()
         self.params = self._agree_on_forward_order(readers)
         self.index = {p: i for i, p in enumerate(self.params)}

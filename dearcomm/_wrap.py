@@ -174,8 +174,11 @@ def wrap(
     if isinstance(optimizer, DistributedOptimizer):
         raise ValueError("dearcomm: this optimizer is already wrapped; pass the original torch optimizer")
     _check_parameters(module, optimizer)
+    # State loaded into the optimizer before wrap() (DDP's habit): carried into the update, whose
+    # sharded form would otherwise start from nothing.
+    carried = optimizer.state_dict() if optimizer.state else None
 
-    _check_same_model_on_every_rank(module, options)
+    _check_same_model_on_every_rank(module, options, carried is not None)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     if auto:
@@ -184,7 +187,10 @@ def wrap(
     elif plans_itself(options) and runtime.world_size > 1:
         runtime.planner = SelfPlanner(runtime, module, optimizer)  # plans at the first training forward
     _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
-    return make_dear_module(module, runtime), DistributedOptimizer(optimizer, runtime)
+    wrapped = DistributedOptimizer(optimizer, runtime)
+    if carried is not None:
+        wrapped.load_state_dict(carried)
+    return make_dear_module(module, runtime), wrapped
 
 
 def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[int]]:
@@ -257,14 +263,24 @@ def _layout_options(options: WrapOptions) -> dict:
                 comm_dtype=str(options.comm_dtype))
 
 
-def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions) -> None:
+def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool = False) -> None:
     """A rank with another model would pair up other tensors in the broadcast, or
     wait in it until the timeout, and one with other buckets or schedule would
     issue other collectives; one all-gather of the signatures and those options
-    lets every rank raise the same error at once instead."""
+    lets every rank raise the same error at once instead. ``optimizer_state``:
+    whether this rank's optimizer holds state (loaded before wrap()): a rank
+    without it would train from other moments than the rest."""
     group = options.process_group
     everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (_signature(module), _layout_options(options)), group=group)
+    dist.all_gather_object(everyone, (_signature(module), _layout_options(options), optimizer_state), group=group)
+    without = [r for r, theirs in enumerate(everyone) if theirs[2] != everyone[0][2]]
+    if without:
+        holds = "holds" if everyone[0][2] else "does not hold"
+        raise ValueError(
+            f"dearcomm: [rank {dist.get_rank(group)}] rank 0's optimizer {holds} state (loaded before wrap()) and "
+            f"rank {without[0]}'s {'does not' if everyone[0][2] else 'does'} (ranks that differ: {without}); load the "
+            "optimizer's state on every rank, before or right after wrap()")
+    everyone = [entry[:2] for entry in everyone]
     differing = [r for r, theirs in enumerate(everyone) if theirs[1] != everyone[0][1]]
     if differing:
         other = differing[0]

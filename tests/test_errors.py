@@ -142,6 +142,14 @@ def misuse_worker(rank, world_size):
         model.extra = nn.Linear(2, 2)
         one_step(model, optimizer, rank, world_size)
 
+    def unfrozen_after_training():
+        model = MixedNet()
+        model.head.requires_grad_(False)
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        one_step(model, optimizer, rank, world_size)
+        model.head.requires_grad_(True)  # progressive unfreezing: its gradients would be neither averaged nor applied
+        one_step(model, optimizer, rank, world_size)
+
     def options_differ_between_ranks():
         model = MixedNet()  # a planner run on each rank chose other pieces: other collectives, a hang
         dearcomm.wrap(model, sgd(model), blocks={"fc.weight": [64 * (rank + 1), 260 - 64 * (rank + 1)]})
@@ -202,6 +210,8 @@ MISUSE = {
     "blocks_misaligned": ("ValueError", r"blocks\['embed.weight'\] has pieces of \[60\] elements; every piece but "
                                         r"the last must be a multiple of 32 \(world_size 2 x 64 bytes of torch.float32\)"),
     "parameter_changes_shape": ("ValueError", "parameter 'embed.weight' has 126 elements but had 119"),
+    "unfrozen_after_training": ("ValueError", r"parameter\(s\) \['head.weight', 'head.bias'\] became trainable after "
+                                              r"wrap\(\); their gradients would be neither averaged nor applied"),
     "parameter_added": ("ValueError", r"trainable parameters changed after wrap\(\) \(added \['extra.weight', 'extra.bias'\]"),
 }
 

@@ -245,16 +245,22 @@ def test_feature_parity(worker, world_size):
 
 def checkpoint_worker(rank, world_size, schedule, update, partition_mb, path, phase, steps):
     """phase "first": train `steps` steps and save; "second": a process that
-    has not trained loads and trains `steps` more; "straight": 2*steps
-    without a break."""
+    has not trained loads and trains `steps` more; "before": the same, loaded
+    into the plain model and optimizer before wrap() (as with DDP);
+    "straight": 2*steps without a break."""
     torch.manual_seed(0)
     model = MixedNet()
     optimizer = make_optimizer("adamw", model)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    if phase == "before":
+        saved = torch.load(path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
     model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update,
                                      partition_mb=partition_mb)
     data = list(batches(2 * steps, GLOBAL_BATCH))
-    todo = data[:steps] if phase == "first" else data[steps:] if phase == "second" else data
+    todo = data[:steps] if phase == "first" else data if phase == "straight" else data[steps:]
     if phase == "second":
         saved = torch.load(path, weights_only=False)
         model.load_state_dict(saved["model"])
@@ -306,7 +312,8 @@ def checkpoint_cases_worker(rank, world_size, directory, phases):
 def test_checkpoint_restart_equals_uninterrupted_training(tmp_path):
     """Every case trains and saves in one process group; then process groups
     that have trained nothing load each checkpoint, at another world size (3)
-    and at the same (2), and train on: equal to training straight through."""
+    and at the same (2), after wrap() and (at 2) before it, and train on:
+    equal to training straight through."""
     first = run_workers(checkpoint_cases_worker, 2, str(tmp_path), ["first"])
     # The consolidated optimizer state is torch's own: equal to a plain torch
     # optimizer trained on the global batch, and the same on every rank.
@@ -322,12 +329,13 @@ def test_checkpoint_restart_equals_uninterrupted_training(tmp_path):
         plain = make_optimizer("adamw", copy.deepcopy(reference))
         plain.load_state_dict(first[0]["first"][case][1])  # loads into a plain torch optimizer
 
-    for world_size in (3, 2):
-        results = run_workers(checkpoint_cases_worker, world_size, str(tmp_path), ["second", "straight"])
+    for world_size, resumed in ((3, ["second"]), (2, ["second", "before"])):
+        results = run_workers(checkpoint_cases_worker, world_size, str(tmp_path), resumed + ["straight"])
         for case in CHECKPOINT_CASES:
             for rank, by_phase in enumerate(results):
-                torch.testing.assert_close(by_phase["second"][case][0], by_phase["straight"][case][0], **TOL,
-                                           msg=lambda m: f"{case}, world size {world_size}, rank {rank}: {m}")
+                for phase in resumed:
+                    torch.testing.assert_close(by_phase[phase][case][0], by_phase["straight"][case][0], **TOL,
+                                               msg=lambda m: f"{case} {phase}, world size {world_size}, rank {rank}: {m}")
 
 
 def test_sharded_state_dict_round_trip_on_the_same_ranks(tmp_path):
@@ -486,3 +494,25 @@ def _round_trip_before_first_backward(rank, world_size):
 
 def test_optimizer_state_round_trips_before_the_first_backward():
     assert run_workers(_round_trip_before_first_backward, 2, deadline=120) == [True, True]
+
+
+def _state_on_rank0_only(rank, world_size):
+    torch.manual_seed(0)
+    model = MixedNet()
+    optimizer = make_optimizer("adamw", model)
+    if rank == 0:  # a checkpoint loaded on rank 0 alone: the ranks would train from other moments
+        x, y = next(batches(1, GLOBAL_BATCH))
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    try:
+        dearcomm.wrap(model, optimizer)
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_optimizer_state_on_some_ranks_only_is_refused_on_every_rank():
+    for rank, message in enumerate(run_workers(_state_on_rank0_only, 2)):
+        assert f"[rank {rank}] rank 0's optimizer holds state (loaded before wrap()) and rank 1's does not" in message, \
+            message
+        assert "load the optimizer's state on every rank" in message
