@@ -46,6 +46,10 @@ from ._update import UpdateStrategy
 warnings.filterwarnings("ignore", message="GradScaler is going to stop passing itself", category=FutureWarning)
 
 
+NO_SYNC_HINT = (" (a backward inside model.no_sync() does not count: run the last micro-batch's backward outside "
+                "it)")
+
+
 class DistributedOptimizer(Optimizer):
     def __init__(self, optimizer: Optimizer, runtime: DearRuntime) -> None:
         self.optimizer = optimizer
@@ -116,7 +120,7 @@ class DistributedOptimizer(Optimizer):
         if engine is None:
             if self._runtime.closed:
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
-            raise RuntimeError("dearcomm: optimizer.step() called before the first backward")
+            raise RuntimeError("dearcomm: optimizer.step() called before the first backward" + NO_SYNC_HINT)
         self._check_groups_unchanged()
         for hook in list(self.optimizer._optimizer_step_pre_hooks.values()):
             hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
@@ -163,12 +167,13 @@ class DistributedOptimizer(Optimizer):
         if changed:
             raise RuntimeError(
                 f"dearcomm: .grad of {changed[0]!r}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''} "
-                "was changed after backward (e.g. by torch.nn.utils.clip_grad_norm_, or scaler.unscale_ before "
-                f"clipping, or zero_grad() before step()). With schedule={self._runtime.options.schedule!r} .grad "
+                "was changed after backward (e.g. by torch.nn.utils.clip_grad_norm_ (after scaler.unscale_ too), "
+                f"or zero_grad() before step()). With schedule={self._runtime.options.schedule!r} .grad "
                 "holds this rank's local gradient; what step() applies was reduced during backward, so the change "
                 "would be lost. "
                 "Clip with optimizer.clip_grad_norm_(max_norm) between backward and step(), or "
-                "wrap(..., max_grad_norm=...) (with a GradScaler: wrap(max_grad_norm=), applied after unscaling). "
+                "wrap(..., max_grad_norm=...) (with a GradScaler: scaler.unscale_(optimizer) then "
+                "optimizer.clip_grad_norm_(max_norm), or wrap(max_grad_norm=), applied after unscaling). "
                 "schedule='wfbp' keeps the averaged gradient in .grad, as DDP does.")
 
     def _amp_step(self, scaler, user_unscaled: bool) -> bool:

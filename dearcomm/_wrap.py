@@ -171,6 +171,10 @@ def wrap(
         raise TypeError(f"dearcomm: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(module, DearModule):
         raise ValueError("dearcomm: this module is already wrapped; wrap each model once")
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        raise ValueError("dearcomm: wrap() takes the plain model, not torch's DistributedDataParallel, which "
+                         "dearcomm replaces (it would average every gradient a second time): pass ddp.module, "
+                         "or the model before DDP")
     if isinstance(optimizer, DistributedOptimizer):
         raise ValueError("dearcomm: this optimizer is already wrapped; pass the original torch optimizer")
     _check_parameters(module, optimizer)

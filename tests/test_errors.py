@@ -142,6 +142,17 @@ def misuse_worker(rank, world_size):
         model.extra = nn.Linear(2, 2)
         one_step(model, optimizer, rank, world_size)
 
+    def ddp_wrapped():
+        model = nn.parallel.DistributedDataParallel(MixedNet())
+        dearcomm.wrap(model, sgd(model))
+
+    def steps_after_no_sync_backwards_only():
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model))
+        with model.no_sync():
+            one_step(model, optimizer, rank, world_size)
+        optimizer.step()  # gradient accumulation whose last micro-batch also ran under no_sync()
+
     def unfrozen_after_training():
         model = MixedNet()
         model.head.requires_grad_(False)
@@ -210,6 +221,10 @@ MISUSE = {
     "blocks_misaligned": ("ValueError", r"blocks\['embed.weight'\] has pieces of \[60\] elements; every piece but "
                                         r"the last must be a multiple of 32 \(world_size 2 x 64 bytes of torch.float32\)"),
     "parameter_changes_shape": ("ValueError", "parameter 'embed.weight' has 126 elements but had 119"),
+    "ddp_wrapped": ("ValueError", r"wrap\(\) takes the plain model, not torch's DistributedDataParallel, which "
+                                  r"dearcomm replaces .*: pass ddp.module"),
+    "steps_after_no_sync_backwards_only": ("RuntimeError", r"step\(\) called before the first backward \(a backward "
+                                                         r"inside model.no_sync\(\) does not count"),
     "unfrozen_after_training": ("ValueError", r"parameter\(s\) \['head.weight', 'head.bias'\] became trainable after "
                                               r"wrap\(\); their gradients would be neither averaged nor applied"),
     "parameter_added": ("ValueError", r"trainable parameters changed after wrap\(\) \(added \['extra.weight', 'extra.bias'\]"),

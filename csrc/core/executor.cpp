@@ -235,7 +235,8 @@ void Executor::finish_reductions() {
     return;  // already finished, e.g. by gradient clipping before step()
   }
   DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
-                      "dearcomm: optimizer.step() called without a backward since the last step");
+                      "dearcomm: optimizer.step() called without a backward since the last step (a backward inside "
+                      "model.no_sync() does not count: run the last micro-batch's backward outside it)");
   end_backward();
   if (state() == IterationState::kReduced) {
     return;  // end_backward waited for them
@@ -282,7 +283,8 @@ void Executor::step_done(int64_t b) {
 
 void Executor::begin_step(bool averages_needed) {
   DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
-                      "dearcomm: optimizer.step() called without a backward since the last step");
+                      "dearcomm: optimizer.step() called without a backward since the last step (a backward inside "
+                      "model.no_sync() does not count: run the last micro-batch's backward outside it)");
   if (averages_needed || finished_by(Moment::kStepBegins)) {
     finish_reductions();
   }
