@@ -220,12 +220,23 @@ def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[i
 
 def _check_parameters(module: nn.Module, optimizer: Optimizer) -> None:
     names = {p: n for n, p in module.named_parameters()}
+    optimized = set()
     for g, group in enumerate(optimizer.param_groups):
         for i, param in enumerate(group["params"]):
             if param not in names:
                 raise ValueError(
                     f"dearcomm: the optimizer's param_groups[{g}]['params'][{i}] (shape {tuple(param.shape)}) "
                     "is not a parameter of the module; build the optimizer from module.parameters()")
+            optimized.add(param)
+    # Another optimizer stepping them would apply .grad, which holds this rank's own gradient under most
+    # schedules: the ranks would drift apart without an error.
+    left_out = [n for p, n in names.items() if p.requires_grad and p not in optimized]
+    if left_out:
+        raise ValueError(
+            f"dearcomm: trainable parameter(s) {left_out[:8]}{' and more' if len(left_out) > 8 else ''} are in no "
+            "param group of the optimizer given to wrap(); every trainable parameter is averaged and updated "
+            "through it. Add them to it (a param group of their own for another lr or optimizer setting), or "
+            "freeze them (requires_grad_(False)) before wrap()")
     for param, name in names.items():
         if param.requires_grad and not param.is_floating_point():
             raise TypeError(f"dearcomm: parameter '{name}' has dtype {param.dtype}; only real floating-point "

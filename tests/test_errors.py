@@ -142,6 +142,10 @@ def misuse_worker(rank, world_size):
         model.extra = nn.Linear(2, 2)
         one_step(model, optimizer, rank, world_size)
 
+    def optimizer_misses_parameters():
+        model = MixedNet()  # a second, plain optimizer for the rest would apply un-averaged gradients
+        dearcomm.wrap(model, torch.optim.SGD(model.head.parameters(), lr=0.1))
+
     def ddp_wrapped():
         model = nn.parallel.DistributedDataParallel(MixedNet())
         dearcomm.wrap(model, sgd(model))
@@ -221,6 +225,9 @@ MISUSE = {
     "blocks_misaligned": ("ValueError", r"blocks\['embed.weight'\] has pieces of \[60\] elements; every piece but "
                                         r"the last must be a multiple of 32 \(world_size 2 x 64 bytes of torch.float32\)"),
     "parameter_changes_shape": ("ValueError", "parameter 'embed.weight' has 126 elements but had 119"),
+    "optimizer_misses_parameters": ("ValueError", r"trainable parameter\(s\) \['scale', 'embed.weight', "
+                                                  r"'conv.weight', .*are in no param group of the optimizer given to "
+                                                  r"wrap\(\)"),
     "ddp_wrapped": ("ValueError", r"wrap\(\) takes the plain model, not torch's DistributedDataParallel, which "
                                   r"dearcomm replaces .*: pass ddp.module"),
     "steps_after_no_sync_backwards_only": ("RuntimeError", r"step\(\) called before the first backward \(a backward "
