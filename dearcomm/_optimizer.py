@@ -212,7 +212,8 @@ class DistributedOptimizer(Optimizer):
     # ---- gradient clipping ------------------------------------------------------
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: Optional[bool] = None) -> torch.Tensor:
         """Clips the averaged gradients of this step to a global norm, as
         torch.nn.utils.clip_grad_norm_ does on one process, and returns that
         norm. Call it between backward and step(); it finishes the reductions.
@@ -227,7 +228,9 @@ class DistributedOptimizer(Optimizer):
         returned is the unscaled one at once; in the first, dearcomm meets
         the scaler only in step(), which corrects the returned tensor in
         place (read it after step()). wrap(max_grad_norm=) clips in step()
-        as well."""
+        as well. ``error_if_nonfinite`` as torch's: a norm that is inf or NaN
+        raises instead of clipping; ``foreach`` is taken for torch's signature
+        and changes nothing here."""
         check_clip_arguments(max_norm, norm_type)
         engine = self._runtime.engine
         if engine is None or engine.state not in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
@@ -235,8 +238,12 @@ class DistributedOptimizer(Optimizer):
         engine.finish_reductions()
         self._check_grads_untouched()  # nothing to check where step() applies .grad as it is then
         if self._update.averaged_in_grad:  # wfbp: .grad, which a GradScaler's unscale_ unscaled
-            return self._update.clip_grad_norm_(max_norm, norm_type)
+            return self._update.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
         norm = self._update.grad_norm(norm_type)
+        if error_if_nonfinite and not torch.isfinite(norm):  # every rank holds the same global norm
+            raise RuntimeError(f"dearcomm: the total norm of order {float(norm_type)} of the averaged gradients is "
+                               "non-finite, so it cannot be clipped (as torch.nn.utils.clip_grad_norm_ says); to "
+                               "scale them by it anyway, leave error_if_nonfinite=False")
         scaler = self._scaler() if self._scaler is not None else None
         unscaled = scaler is not None and scaler.is_enabled()
         if unscaled:

@@ -78,6 +78,33 @@ def clipping_worker(rank, world_size):
     return each_schedule(rank, world_size, run)
 
 
+def nonfinite_clip_worker(rank, world_size):
+    """torch's signature: foreach= changes nothing; error_if_nonfinite=True
+    raises on every rank when the global norm is inf (one rank's gradient)."""
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, make_optimizer("sgd", model), bucket_mb=0.001, schedule=schedule,
+                                         update=update)
+        x, y = next(batches(1, GLOBAL_BATCH))
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+        plain = optimizer.clip_grad_norm_(1e9, foreach=True)  # nothing to clip: the norm alone
+        assert torch.isfinite(plain), plain
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size))
+        (loss * (float("inf") if rank == 1 else 1.0)).backward()
+        with pytest.raises(RuntimeError, match="non-finite, so it cannot be clipped"):
+            optimizer.clip_grad_norm_(1.0, error_if_nonfinite=True)
+        model.close()
+    return each_schedule(rank, world_size, run)
+
+
+def test_clipping_takes_torchs_error_if_nonfinite_and_foreach():
+    for rank, failures in enumerate(run_workers(nonfinite_clip_worker, 2)):
+        assert not failures, f"rank {rank}: {failures}"
+
+
 # ---- accumulation ------------------------------------------------------------------
 
 def accumulation_worker(rank, world_size):

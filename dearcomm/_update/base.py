@@ -82,7 +82,7 @@ class UpdateStrategy(abc.ABC):
         finished: what a GradScaler unscales and inf-checks."""
 
     @abc.abstractmethod
-    def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> torch.Tensor:
         """Scales averaged_tensors() to at most ``max_norm`` in total, as
         torch.nn.utils.clip_grad_norm_ does on one process; returns the norm."""
 

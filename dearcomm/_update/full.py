@@ -22,9 +22,10 @@ class FullAfterReduction(UpdateStrategy):
     def averaged_tensors(self) -> List[torch.Tensor]:
         return [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> torch.Tensor:
         # Every rank holds the same full gradients: torch's own clipping, no communication.
-        return torch.nn.utils.clip_grad_norm_(self.runtime.params, max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.runtime.params, max_norm, norm_type,
+                                              error_if_nonfinite=error_if_nonfinite)
 
     def apply(self) -> None:
         step_without_hooks(self.optimizer)

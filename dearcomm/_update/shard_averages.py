@@ -27,7 +27,7 @@ class AveragesInShards(UpdateStrategy):
         engine = self.runtime.engine
         return [engine.grad_shard(b) for b in range(len(engine.layout.buckets))]
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float) -> torch.Tensor:
+    def clip_grad_norm_(self, max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> torch.Tensor:
         total = self.grad_norm(norm_type)
         self.clip_to(max_norm, total)
         return total
