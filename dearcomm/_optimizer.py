@@ -39,6 +39,7 @@ from ._delayed import STATE_KEY as DELAYED_KEY
 from ._options import check_clip_arguments
 from ._runtime import DearRuntime
 from ._update import UpdateStrategy
+from ._update.base import refuse_nonfinite
 
 # GradScaler warns on every step that it will stop passing itself to optimizers
 # that handle scaling; until it does, that argument is the only way to give
@@ -240,10 +241,8 @@ class DistributedOptimizer(Optimizer):
         if self._update.averaged_in_grad:  # wfbp: .grad, which a GradScaler's unscale_ unscaled
             return self._update.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
         norm = self._update.grad_norm(norm_type)
-        if error_if_nonfinite and not torch.isfinite(norm):  # every rank holds the same global norm
-            raise RuntimeError(f"dearcomm: the total norm of order {float(norm_type)} of the averaged gradients is "
-                               "non-finite, so it cannot be clipped (as torch.nn.utils.clip_grad_norm_ says); to "
-                               "scale them by it anyway, leave error_if_nonfinite=False")
+        if error_if_nonfinite:
+            refuse_nonfinite(norm, norm_type)
         scaler = self._scaler() if self._scaler is not None else None
         unscaled = scaler is not None and scaler.is_enabled()
         if unscaled:

@@ -196,8 +196,7 @@ class DearRuntime:
         the hooks that end the backward."""
         if not (module.training and torch.is_grad_enabled()) or self.planning or not self.sync_gradients:
             return
-        if any(p.requires_grad for _, p in self._frozen):
-            self._refuse_unfrozen()
+        self._refuse_unfrozen()
         if self._broadcasts_buffers:
             self._broadcast_buffers(module)
         self._hook_outputs(output)
@@ -206,7 +205,8 @@ class DearRuntime:
         """A parameter frozen when the engine was built and trainable now
         would get a gradient that is neither averaged nor applied (the
         buckets hold the trainable ones): refused, by name. (A trainable
-        parameter frozen since gets no gradient: backward's check names it.)"""
+        parameter frozen since gets no gradient: backward's check names it.)
+        Runs every training forward: a pass over the frozen ones only."""
         unfrozen = [n for n, p in self._frozen if p.requires_grad]
         if unfrozen:
             raise ValueError(

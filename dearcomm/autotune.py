@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _C
 from ._options import PLANNED_SCHEDULES
@@ -74,22 +74,22 @@ class Plan:
                 f"{len(self.candidates)} candidates simulated")
 
 
+def _names(label: str, given) -> Optional[List[str]]:
+    """plan()'s ``schedules`` or ``updates`` as a list (None: all); a string
+    or an empty or non-iterable value raises, naming it."""
+    if given is None:
+        return None
+    names = list(given) if isinstance(given, Iterable) and not isinstance(given, str) else []
+    if not names:
+        raise ValueError(f"dearcomm: plan()'s {label} must be a non-empty list of names (or None: all), got {given!r}")
+    return names
+
+
 def _grid(schedules: Optional[Sequence[str]], updates: Optional[Sequence[str]], bucket_mb: Sequence[float],
           partition_mb: Sequence[Optional[float]], credit_mb: Sequence[Optional[float]],
           credit_given: bool = True) -> List[Dict[str, object]]:
     registry = {entry["name"]: entry for entry in _C.schedules()}
-    checked = []
-    for name, given in (("schedules", schedules), ("updates", updates)):
-        if given is not None and not isinstance(given, str):
-            try:
-                given = list(given)
-            except TypeError:
-                pass
-        if given is not None and (not isinstance(given, list) or not given):
-            raise ValueError(f"dearcomm: plan()'s {name} must be a non-empty list of names (or None: all), "
-                             f"got {given!r}")
-        checked.append(given)
-    schedules, updates = checked
+    schedules, updates = _names("schedules", schedules), _names("updates", updates)
     # Schedules a planner sets the pieces of are searched only when asked
     # for: without their plans (dearcomm.usbyte, dearcomm.deft) usbyte is
     # bytescheduler with one block in flight and deft is wfbp.

@@ -114,6 +114,11 @@ def overlap_of(events: Sequence[Dict], boundaries: Sequence[int], schedule: str 
                          per_iteration=tuple(per))
 
 
+def _trying(runtime) -> bool:
+    """wrap()'s "auto" options are measuring candidates, not training with a choice."""
+    return runtime.auto is not None and not runtime.auto.settled
+
+
 class OverlapMonitor:
     """Records the window for one wrapped model (the runtime calls step_ended())."""
 
@@ -126,7 +131,6 @@ class OverlapMonitor:
         self._tracing = False  # this monitor turned the engine's trace on
         self._measured = None  # the options the window measures (None: whatever trains next)
         self._done = False     # their window is complete
-        self._trials = False   # "auto" is measuring candidates
         self.report: Optional[OverlapReport] = None
         self.unavailable = ""  # why there is no report, where there cannot be one
         self._log = os.environ.get("DEARCOMM_OVERLAP_REPORT", "0") not in ("", "0")
@@ -143,8 +147,7 @@ class OverlapMonitor:
         if self.unavailable:
             return
         runtime = self._runtime()
-        self._trials = runtime.auto is not None and not runtime.auto.settled
-        if self._trials:
+        if _trying(runtime):
             self._restart(runtime, None)  # auto tries candidates: measure what it settles on
             return
         if runtime.options != self._measured:
@@ -192,7 +195,7 @@ class OverlapMonitor:
             return self.report
         if self.unavailable:
             raise RuntimeError(f"dearcomm: no overlap report: {self.unavailable}")
-        if self._trials:
+        if _trying(self._runtime()):
             raise RuntimeError(f"dearcomm: no overlap report yet: wrap()'s \"auto\" options are measuring candidates; "
                                f"the report measures its choice over {self._warmup + self._window} optimizer.step()s "
                                "once it trains with it")

@@ -23,6 +23,15 @@ import torch
 from torch.optim import Optimizer
 
 
+def refuse_nonfinite(norm: torch.Tensor, norm_type: float) -> None:
+    """clip_grad_norm_(error_if_nonfinite=True), as torch's: a global norm
+    that is inf or NaN raises (every rank holds the same one)."""
+    if not torch.isfinite(norm):
+        raise RuntimeError(f"dearcomm: the total norm of order {float(norm_type)} of the averaged gradients is "
+                           "non-finite, so it cannot be clipped (as torch.nn.utils.clip_grad_norm_ says); to "
+                           "scale them by it anyway, leave error_if_nonfinite=False")
+
+
 def hyperparameters(group: Dict[str, Any]) -> Dict[str, Any]:
     """A param group without its parameters."""
     return {k: v for k, v in group.items() if k != "params"}
@@ -84,7 +93,8 @@ class UpdateStrategy(abc.ABC):
     @abc.abstractmethod
     def clip_grad_norm_(self, max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> torch.Tensor:
         """Scales averaged_tensors() to at most ``max_norm`` in total, as
-        torch.nn.utils.clip_grad_norm_ does on one process; returns the norm."""
+        torch.nn.utils.clip_grad_norm_ does on one process; returns the norm
+        (error_if_nonfinite: refuse_nonfinite)."""
 
     @abc.abstractmethod
     def apply(self) -> None:

@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .base import UpdateStrategy
+from .base import UpdateStrategy, refuse_nonfinite
 
 
 class AveragesInShards(UpdateStrategy):
@@ -29,6 +29,8 @@ class AveragesInShards(UpdateStrategy):
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float, error_if_nonfinite: bool = False) -> torch.Tensor:
         total = self.grad_norm(norm_type)
+        if error_if_nonfinite:
+            refuse_nonfinite(total, norm_type)
         self.clip_to(max_norm, total)
         return total
 
