@@ -3,19 +3,23 @@
     torchrun --nproc_per_node=3 examples/pipeline_train.py
     torchrun --nproc_per_node=4 examples/pipeline_train.py --microbatches 8 --steps 200
 
-Rank 0 profiles the model (one micro-batch, per layer), plans it for the
-world size on a uniform topology, and broadcasts the plan; every rank then
-runs its stage. The data are made here: points on two interleaved spirals.
+Every rank measures the links between the ranks; rank 0 profiles the model
+(one micro-batch, per layer), plans it on those links, and broadcasts the
+plan; every rank then runs its stage, and rank 0 prints the measured step
+beside the predicted one. The data are made here: points on two interleaved spirals.
 """
 import argparse
+import dataclasses
 import math
+import os
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dearcomm.pipeline import plan_pipeline, profile_sequential, uniform
+from dearcomm.pipeline import plan_pipeline, profile_sequential
+from dearcomm.pipeline.measure import measure_topology
 from dearcomm.pipeline.runtime import PipelineRuntime
 
 
@@ -47,25 +51,36 @@ def main() -> None:
     model = make_model(args.width)
     x, y = spirals(args.batch * 8, seed=1)
     micro = x[: args.batch // args.microbatches]
+    topology = measure_topology()  # every rank: gloo's links, not an accelerator's
+    if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:  # one host: the stages share its cores
+        topology = dataclasses.replace(topology, host_cores=len(os.sched_getaffinity(0)))
     box = [None]
     if rank == 0:
-        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="spiral-mlp")
-        box[0] = plan_pipeline(profile, uniform(world), args.microbatches)
+        profile = profile_sequential(model, micro, y[: len(micro)], nn.functional.cross_entropy, name="spiral-mlp",
+                                     clock=time.thread_time)  # the work, without waits for a shared core
+        box[0] = plan_pipeline(profile, topology, args.microbatches)
         print(f"plan for {world} processes: {box[0].describe()}", flush=True)
     dist.broadcast_object_list(box, src=0)
     plan = box[0]
     runtime = PipelineRuntime(model, plan, nn.functional.cross_entropy,
                               lambda params: torch.optim.Adam(params, lr=3e-3), micro)
     g = torch.Generator().manual_seed(2)
+    warmup = min(20, args.steps // 5)  # the first steps connect the groups: not the step's time
     start = time.perf_counter()
     for step in range(args.steps):
+        if step == warmup:
+            dist.barrier()
+            timed_from = time.perf_counter()
         idx = torch.randint(0, len(x), (args.batch,), generator=g)
         loss = runtime.step(x[idx], y[idx])
         if loss is not None and (step % 50 == 0 or step == args.steps - 1) and runtime.replica == 0:
             print(f"[rank {rank}] step {step:4d}  loss {loss:.4f}", flush=True)
     dist.barrier()
     if rank == 0:
-        print(f"{args.steps} steps in {time.perf_counter() - start:.1f} s", flush=True)
+        end = time.perf_counter()
+        print(f"{args.steps} steps in {end - start:.1f} s; after the first {warmup}, "
+              f"{(end - timed_from) / (args.steps - warmup) * 1e3:.1f} ms a step (predicted "
+              f"{plan.predicted_ms:.1f})", flush=True)
     dist.destroy_process_group()
 
 

@@ -22,4 +22,4 @@ def test_pipeline_example_plans_and_trains():
     assert re.search(r"^plan for 3 processes: ", out, re.M), out
     losses = [float(v) for v in re.findall(r"step\s+\d+\s+loss (\S+)", out)]
     assert losses and all(math.isfinite(v) for v in losses), out
-    assert re.search(r"^30 steps in [\d.]+ s$", out, re.M), out
+    assert re.search(r"^30 steps in [\d.]+ s; after the first 6, [\d.]+ ms a step \(predicted [\d.]+\)$", out, re.M), out

@@ -51,3 +51,26 @@ def test_planner_errors_name_the_problem():
         brute_force(random_profile(9, seed=0), uniform(2), 2)
     with pytest.raises(ValueError, match="has a negative cost"):
         chain("bad", [LayerProfile("x", -1.0, 1.0, 0.0, 0.0)])
+
+
+def test_max_stages_that_no_split_fits_names_the_cap():
+    """The error described the best split of any stage count (one that fitted
+    when more stages were allowed) instead of what max_stages allows."""
+    layers = [LayerProfile(f"l{i}", 1.0, 2.0, 1e6, 1e9) for i in range(4)]
+    topology = uniform(4).with_memory(6e9)
+    assert plan_pipeline(chain("big", layers), topology, 4).num_stages >= 2  # fits on two or more stages
+    with pytest.raises(ValueError, match=r"no plan fits in memory within max_stages=1; the split that fits best "
+                                         r"\(1 stage at layers \(0, 4\)\) still overflows.*raise max_stages"):
+        plan_pipeline(chain("big", layers), topology, 4, max_stages=1)
+
+
+def test_counting_the_candidates_of_many_devices_is_immediate():
+    """The planner asks whether a problem is small before planning; the count
+    for 32 devices took hours (a recursion without memory)."""
+    from dearcomm.pipeline.candidates import count_candidates
+    from dearcomm.pipeline.candidates import all_bounds, all_groups
+    assert count_candidates(24, 32, 24) > 10 ** 30
+    for layers, devices in ((3, 2), (4, 3), (5, 4)):
+        made = sum(1 for b in all_bounds(layers) if len(b) - 1 <= devices
+                   for _ in all_groups(tuple(range(devices)), len(b) - 1))
+        assert count_candidates(layers, devices, devices) == made

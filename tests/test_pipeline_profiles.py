@@ -48,7 +48,40 @@ def test_a_malformed_file_is_refused_by_name(tmp_path):
     path.write_text(json.dumps({"columns": ["id", "op", "forward_ms", "backward_ms", "activation_bytes",
                                             "param_bytes"], "models": {"m": {"layers": [["a", "x", 1.0, 1.0, 0.0, 0.0]],
                                                                              "edges": [[0, 5]]}}}))
-    with pytest.raises(ValueError, match=r"edge \[0, 5\] must be two layer indices in 0..0"):
+    with pytest.raises(ValueError, match=r"edge \[0, 5\] must be two layer indices of this profile"):
         load_shared_profile("m", str(path))
     with pytest.raises(ValueError, match="no model 'bert' in the packaged param_tensors.json"):
         param_tensors("bert")
+
+
+def _objects(*ids, edges=None) -> dict:
+    model = {"layers": [{"id": i, "fwd_ms": 1.0, "bwd_ms": 1.0, "act_bytes": 8.0, "param_bytes": 4.0}
+                        for i in ids]}
+    if edges is not None:
+        model["edges"] = edges
+    return {"m": model}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"m": {"layers": [["a", 1, 1, 1, 1]]}}, r"layer 0 must be an object with the keys id, fwd_ms"),
+    ({"m": {"layers": [5]}}, r"layer 0 must be an object"),
+    (_objects("a", "b", edges=[["a"]]), r"edge \['a'\] must be two layer ids of this profile"),
+    (_objects("a", "b", edges=[["a", "x"]]), r"edge \['a', 'x'\] must be two layer ids"),
+    (_objects("a", "b", edges=5), r"edges must be a list of \[source, destination\] pairs"),
+    (_objects("a", "b", edges=[["b", "a"]]), r"edge \['b', 'a'\] runs from a layer to an earlier one"),
+    (_objects("a", "a", "b", edges=[["a", "b"]]), r"layer id 'a' appears twice \(layer 1\)"),
+])
+def test_a_structurally_wrong_file_is_refused_by_name(tmp_path, data, message):
+    """Each of these raised a bare AttributeError, TypeError or unpacking
+    error, or (unknown, backward or repeated ids) dropped edges silently."""
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"dearcomm: profile 'm' in .*mine.json: " + message):
+        load_shared_profile("m", str(path))
+
+
+def test_a_file_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text('{"m": ')
+    with pytest.raises(ValueError, match=r"dearcomm: profile file .*cut.json' is not valid JSON"):
+        load_shared_profile("m", str(path))

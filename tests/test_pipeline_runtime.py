@@ -2,8 +2,11 @@
 run): parameters equal single-process training on the global batch after
 every step, for partitions with and without replicated stages (and a stage
 without parameters) and for the GPipe, 1F1B, list-scheduled and planned
-orders, at world sizes 2, 3 and 4; a plan that does not fit the world is an
-error."""
+orders, at world sizes 2, 3 and 4 (a stage that starts with an in-place
+ReLU among them); misuse (a plan for more ranks, ranks that disagree on the
+plan, orders that deadlock, a module that is not a chain, a batch of another
+shape) is an error on every rank before anything hangs. profile_sequential
+on real modules."""
 import copy
 
 import pytest
@@ -19,7 +22,8 @@ GLOBAL_BATCH, STEPS = 12, 3
 
 def make_model() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 17), nn.ReLU(), nn.Linear(17, 5))
+    # In place, as torchvision's models: a stage that starts with it must not write the received leaf.
+    return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 17), nn.ReLU(inplace=True), nn.Linear(17, 5))
 
 
 def make_data(step: int):
@@ -38,6 +42,7 @@ def build_plan(case: str, world: int, M: int) -> Plan:
     topo = uniform(world)
     shapes = {
         "two-stages": ((0, 2, 5), ((0,), (1,))),
+        "relu-first": ((0, 3, 5), ((0,), (1,))),
         "replicated-first": ((0, 3, 5), ((0, 1), (2,))),
         "three-stages": ((0, 1, 3, 5), ((0,), (1,), (2,))),
         "replicated-middle": ((0, 1, 4, 5), ((0,), (1, 2), (3,))),
@@ -60,7 +65,7 @@ def _worker(rank, world, cases):
     worst = max(_one_case(rank, world, *case) for case in cases)
     if world == 2:  # a plan for more devices than ranks: a clear error, no hang
         from dearcomm.pipeline.runtime import PipelineRuntime
-        with pytest.raises(ValueError, match="3 stages but only 2 devices"):
+        with pytest.raises(ValueError, match="devices up to 2 but the process group has 2 ranks"):
             PipelineRuntime(make_model(), build_plan("three-stages:gpipe", 3, 2), nn.functional.cross_entropy,
                             make_optimizer("sgd"), torch.zeros(6, 7))
     return worst
@@ -99,7 +104,7 @@ def _one_case(rank, world, case, M, optim):
 
 
 CASES = {  # world size -> (plan, micro-batches, optimizer)
-    2: [("two-stages:gpipe", 4, "sgd"), ("two-stages:1f1b", 6, "adamw")],
+    2: [("two-stages:gpipe", 4, "sgd"), ("two-stages:1f1b", 6, "adamw"), ("relu-first:1f1b", 4, "sgd")],
     3: [("replicated-first:1f1b", 6, "sgd"), ("three-stages:list", 4, "adamw"), ("planned", 4, "sgd")],
     4: [("replicated-middle:list", 6, "sgd"), ("four-stages:1f1b", 4, "adamw"), ("four-stages:gpipe", 2, "sgd")],
 }
@@ -109,3 +114,97 @@ CASES = {  # world size -> (plan, micro-batches, optimizer)
 def test_pipeline_matches_single_process_training(world):
     worst = run_workers(_worker, world, CASES[world], deadline=120)
     assert max(worst) <= 1e-5
+
+
+def _misuse_worker(rank, world):
+    from dearcomm.pipeline import Task
+    from dearcomm.pipeline.runtime import PipelineRuntime
+    loss_fn, sgd, sample = nn.functional.cross_entropy, make_optimizer("sgd"), torch.zeros(3, 7)
+    # Ranks that planned apart (each on its own timings): rank 1 splits elsewhere.
+    devices = ((0,), (1,))
+    mine = Plan((0, 2, 5) if rank == 0 else (0, 3, 5), devices, gpipe_orders(devices, 4), 4, "mine")
+    with pytest.raises(ValueError, match=r"ranks \[1\] hold another plan, model depth or micro-batch shape"):
+        PipelineRuntime(make_model(), mine, loss_fn, sgd, sample)
+    # Orders that deadlock: device 1 waits for micro-batch 1 first, device 0 sends it after B0.
+    task = lambda text: Task(text[0], int(text[3]), int(text[1]))  # noqa: E731
+    orders = {0: tuple(map(task, ["F0s0", "B0s0", "F1s0", "B1s0"])),
+              1: tuple(map(task, ["F1s1", "F0s1", "B0s1", "B1s1"]))}
+    with pytest.raises(ValueError, match=r"plan 'stuck' deadlocks: device 0 waits to run B0s0 for B0s1; "
+                                         r"device 1 waits to run F1s1 for F1s0"):
+        PipelineRuntime(make_model(), Plan((0, 2, 5), devices, orders, 2, "stuck"), loss_fn, sgd, sample)
+
+    class Residual(nn.Module):  # its children in a chain are another network
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(7, 7), nn.Linear(7, 5)
+
+        def forward(self, x):
+            return self.b(x + self.a(x))
+    with pytest.raises(TypeError, match="takes an nn.Sequential whose forward only chains its children; got Residual"):
+        PipelineRuntime(Residual(), build_plan("two-stages:gpipe", 2, 2), loss_fn, sgd, sample)
+    # A batch of other micro-batches than the sample's: the last, short batch of an epoch, another dtype.
+    runtime = PipelineRuntime(make_model(), build_plan("two-stages:gpipe", 2, 4), loss_fn, sgd, sample)
+    x, y = make_data(0)
+    with pytest.raises(ValueError, match=r"global batch of 4 micro-batches shaped like sample_microbatch, "
+                                         r"torch.float32 of shape \(12, 7\); got torch.float32 of shape \(8, 7\)"
+                                         r".*drop_last=True"):
+        runtime.step(x[:8], y[:8])
+    with pytest.raises(ValueError, match=r"got torch.float64 of shape \(12, 7\)"):
+        runtime.step(x.double(), y)
+    with pytest.raises(ValueError, match="12 inputs but 11 targets"):
+        runtime.step(x, y[:11])
+    return runtime.step(x, y)  # and it still trains
+
+
+def test_misuse_fails_on_every_rank_without_a_hang():
+    losses = run_workers(_misuse_worker, 2, deadline=120)
+    assert losses[0] is None and losses[1] > 0
+
+
+def test_profile_sequential_refuses_a_module_that_is_not_a_chain():
+    from dearcomm.pipeline import profile_sequential
+
+    class Subclass(nn.Sequential):  # a forward of its own
+        def forward(self, x):
+            return super().forward(x) + x
+    with pytest.raises(TypeError, match="got Subclass, whose forward may do more"):
+        profile_sequential(Subclass(nn.Linear(4, 4)), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="at least one sample along dim 0, got shape \\(0, 4\\)"):
+        profile_sequential(nn.Sequential(nn.Linear(4, 4)), torch.zeros(0, 4))
+
+
+def test_profile_sequential_leaves_the_model_as_it_was():
+    """In-place layers after a boundary (every torchvision model) profile,
+    and the passes change neither BatchNorm's statistics nor the caller's
+    gradients."""
+    from dearcomm.pipeline import profile_sequential
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(inplace=True), nn.BatchNorm1d(6), nn.ReLU(inplace=True),
+                          nn.Linear(6, 2))
+    model[0].weight.grad = torch.full_like(model[0].weight, 0.5)
+    before = copy.deepcopy(model.state_dict())
+    profile = profile_sequential(model, torch.randn(5, 4), torch.randint(0, 2, (5,)), nn.functional.cross_entropy)
+    assert len(profile) == 5 and all(l.forward_ms >= 0 for l in profile.layers)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "profiling moved the model's state"
+    assert torch.equal(model[0].weight.grad, torch.full_like(model[0].weight, 0.5))
+    assert model[4].weight.grad is None
+
+
+def _measure_worker(rank, world):
+    from dearcomm.pipeline.measure import measure_topology
+    with pytest.raises(ValueError, match="repeats must be a positive integer, got 0"):
+        measure_topology(repeats=0)
+    topology = measure_topology(repeats=3, large_bytes=1 << 20)
+    return topology.bandwidth, topology.latency
+
+
+def test_measured_links_are_every_ranks_and_symmetric():
+    results = run_workers(_measure_worker, 3, deadline=120)
+    bandwidth, latency = results[0]
+    assert all(r == results[0] for r in results), "the ranks plan on different links"
+    for i in range(3):
+        assert bandwidth[i][i] == 0 and latency[i][i] == 0
+        for j in range(3):
+            if i != j:
+                assert bandwidth[i][j] == bandwidth[j][i] > 0 and latency[i][j] == latency[j][i] > 0

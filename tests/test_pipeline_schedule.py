@@ -151,3 +151,25 @@ def test_a_deadlocking_order_is_reported():
               1: (Task("F", 1, 1), Task("B", 1, 1), Task("F", 1, 0), Task("B", 1, 0))}
     with pytest.raises(ValueError, match="deadlocks: device 0 waits to run B0s0"):
         simulate(Plan((0, 1, 2), ((0,), (1,)), orders, 2), profile, uniform(2))
+
+
+def test_orders_that_deadlock_are_found_without_times():
+    """The runtime checks orders before it runs them (it cannot simulate
+    without a profile): the check agrees with the simulator."""
+    from dearcomm.pipeline import SimulationStuck, one_f_one_b_orders, simulate, uniform
+    from dearcomm.pipeline.plan import check_runs_through
+    profile = random_profile(3, seed=2)
+    devices = ((0,), (1,), (2,))
+    for orders in (gpipe_orders(devices, 4), one_f_one_b_orders(devices, 4)):
+        check_runs_through(Plan((0, 1, 2, 3), devices, orders, 4))
+    task = lambda text: Task(text[0], int(text[3]), int(text[1]))  # noqa: E731
+    waits = {0: tuple(map(task, ["F0s0", "F1s0", "B1s0", "B0s0"])),  # backwards out of order: waits, finishes
+             1: tuple(map(task, ["F1s1", "F0s1", "B0s1", "B1s1"]))}
+    check_runs_through(Plan((0, 1, 3), devices[:2], waits, 2))
+    stuck = {**waits, 0: tuple(map(task, ["F0s0", "B0s0", "F1s0", "B1s0"]))}
+    plan = Plan((0, 1, 3), devices[:2], stuck, 2, "stuck")
+    with pytest.raises(ValueError, match=r"plan 'stuck' deadlocks: device 0 waits to run B0s0 for B0s1; "
+                                         r"device 1 waits to run F1s1 for F1s0"):
+        check_runs_through(plan)
+    with pytest.raises(SimulationStuck):
+        simulate(plan, profile, uniform(2))

@@ -8,7 +8,7 @@ within its memory, and predict the iteration time.
     plan = plan_pipeline(profile, topology, num_microbatches=8)
     result = simulate(plan, profile, topology)   # timeline; draw_timeline(...)
 
-Independent of the DeAR engine and of torch (only runtime.py needs torch);
+Independent of the DeAR engine and of torch (only runtime.py and measure.py need torch);
 times are ms per micro-batch, sizes bytes.
 """
 from .baselines import BASELINES, all_plans, dapple_plan, gpipe_plan, one_f_one_b_plan, pipedream_plan

@@ -100,9 +100,9 @@ def describe_need(profile: ModelProfile, a: int, b: int, in_flight: int, optimiz
 
 
 def least_memory_split(profile: ModelProfile, topology: Topology,
-                       optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS):
+                       optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS, max_stages: Optional[int] = None):
     """The split whose stages fit best, each on one device with one
-    micro-batch in flight: for every stage count, the partition of least
+    micro-batch in flight: for every stage count (up to max_stages), the partition of least
     peak stage (DP), its stages paired largest-first with the largest
     devices. Returns (bounds, devices, (worst need / capacity, stage, need,
     device)); the planner's last resort and the error when nothing fits."""
@@ -118,7 +118,7 @@ def least_memory_split(profile: ModelProfile, topology: Topology,
 
     by_size = sorted(range(topology.size), key=lambda d: (-topology.memory_of(d), d))
     best = None
-    for S in range(1, min(L, topology.size) + 1):
+    for S in range(1, min(L, topology.size, max_stages or L) + 1):
         # least[s][j]: (the least peak stage, parent) of layers [0, j) in s stages
         least = [[(math.inf, 0)] * (L + 1) for _ in range(S + 1)]
         least[0][0] = (0.0, 0)
@@ -140,12 +140,18 @@ def least_memory_split(profile: ModelProfile, topology: Topology,
     return best
 
 
-def no_fit_error(profile: ModelProfile, topology: Topology, optimizer_slots: float, where: str) -> ValueError:
-    """The error for a problem no plan fits: the stage of the best-fitting split that overflows."""
-    bounds, _, (_, s, need, device) = least_memory_split(profile, topology, optimizer_slots)
+def no_fit_error(profile: ModelProfile, topology: Topology, optimizer_slots: float, where: str,
+                 max_stages: Optional[int] = None) -> ValueError:
+    """The error for a problem no plan fits: the stage of the best-fitting
+    split (of at most max_stages stages) that overflows."""
+    bounds, _, (_, s, need, device) = least_memory_split(profile, topology, optimizer_slots, max_stages)
     a, b = bounds[s], bounds[s + 1]
-    return ValueError(f"dearcomm: {where}: no plan fits in memory; the split that fits best ({len(bounds) - 1} stages "
-                      f"at layers {bounds}) still overflows: stage {s} (layers [{a}, {b})) "
+    capped = max_stages is not None and max_stages < min(len(profile), topology.size)
+    within = f" within max_stages={max_stages}" if capped else ""
+    remedy = "raise max_stages, add devices or memory" if capped else "add devices or memory"
+    return ValueError(f"dearcomm: {where}: no plan fits in memory{within}; the split that fits best "
+                      f"({len(bounds) - 1} stage{'s' if len(bounds) > 2 else ''} at layers {bounds}) still overflows: "
+                      f"stage {s} (layers [{a}, {b})) "
                       f"{describe_need(profile, a, b, 1, optimizer_slots)}, more than the "
-                      f"{topology.memory_of(device):.4g} bytes of device {device}; add devices or memory, or use an "
+                      f"{topology.memory_of(device):.4g} bytes of device {device}; {remedy}, or use an "
                       "optimizer with less state")

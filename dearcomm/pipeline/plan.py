@@ -139,3 +139,34 @@ def check_sizes(num_layers: int, num_devices: int, num_stages: Optional[int], nu
         if num_stages > num_devices:
             raise ValueError(f"dearcomm: {where}: {num_stages} stages but only {num_devices} devices; a device "
                              f"holds one stage, so use at most {num_devices} stages")
+
+
+def check_runs_through(plan: Plan) -> None:
+    """Raises ValueError if the devices' orders deadlock, whatever the times:
+    a forward needs the stage before's forward of its micro-batch, a backward
+    the stage after's backward (the last stage's, its own forward), and
+    each device runs its tasks in its order. The simulator finds the same
+    with times; this check needs none (the runtime runs it)."""
+    S = plan.num_stages
+    done, pos = set(), {d: 0 for d in plan.orders}
+
+    def needs(task: Task) -> Optional[Task]:
+        if task.kind == FORWARD:
+            return Task(FORWARD, task.stage - 1, task.microbatch) if task.stage > 0 else None
+        if task.stage < S - 1:
+            return Task(BACKWARD, task.stage + 1, task.microbatch)
+        return Task(FORWARD, task.stage, task.microbatch)
+
+    moved = True
+    while moved:
+        moved = False
+        for d, order in plan.orders.items():
+            while pos[d] < len(order) and (needs(order[pos[d]]) is None or needs(order[pos[d]]) in done):
+                done.add(order[pos[d]])
+                pos[d] += 1
+                moved = True
+    stuck = {d: order[pos[d]] for d, order in plan.orders.items() if pos[d] < len(order)}
+    if stuck:
+        waits = "; ".join(f"device {d} waits to run {t} for {needs(t)}" for d, t in sorted(stuck.items()))
+        raise ValueError(f"dearcomm: plan {plan.name!r} deadlocks: {waits}. Each device's order must let every "
+                         "micro-batch's forward reach the last stage and its backward come back")

@@ -10,6 +10,7 @@ Published profiles ship with the package: profile_data.load_shared_profile.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -140,6 +141,34 @@ def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
     return ModelProfile(profile.name, tuple(layers), tuple(cut_bytes))
 
 
+def sequential_children(model, where: str) -> list:
+    """The children of an nn.Sequential, in the order its forward chains them.
+    Any other module is refused: its forward may do more than chain its
+    children (a residual, a position embedding, a pooling), so the chain of
+    its children would be profiled and trained as another network."""
+    from torch import nn
+
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        raise TypeError(f"dearcomm: {where} takes an nn.Sequential whose forward only chains its children; got "
+                        f"{type(model).__name__}, whose forward may do more (a residual, an embedding added, a "
+                        "pooling), so its children run one after the other would be another network. Build "
+                        "the model as an nn.Sequential of blocks, each holding such a step whole (a residual "
+                        "block as one child)")
+    children = list(model.children())
+    if not children:
+        raise ValueError(f"dearcomm: {where} got an nn.Sequential without children; nothing to split")
+    return children
+
+
+def first_input(x):
+    """What a stage's (or a profiled layer's) first layer receives: a leaf
+    that collects the input's gradient, passed on as a copy, so that a first
+    layer writing its input in place (nn.ReLU(inplace=True)) writes the copy;
+    autograd refuses in-place writes to a leaf that requires grad."""
+    leaf = x.detach().requires_grad_(x.is_floating_point())
+    return leaf, (leaf.clone() if leaf.requires_grad else leaf)
+
+
 def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] = None,
                        repeats: int = 5, warmup: int = 2, name: str = "sequential",
                        clock: Callable[[], float] = time.perf_counter) -> ModelProfile:
@@ -155,16 +184,21 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
 
     import torch
 
-    children = list(model.children())
-    if not children:
-        raise ValueError("dearcomm: profile_sequential() needs a model with children (an nn.Sequential)")
+    children = sequential_children(model, "profile_sequential()")
+    if not isinstance(sample, torch.Tensor) or sample.dim() == 0 or sample.shape[0] == 0:
+        raise ValueError("dearcomm: profile_sequential() times one micro-batch: `sample` must be a tensor with at "
+                         f"least one sample along dim 0, got {_shape_of(sample)}")
     fwd = [[] for _ in children]
     bwd = [[] for _ in children]
     acts: List[float] = [0.0] * len(children)
+    # Profiling trains nothing: what its passes change (BatchNorm's running
+    # statistics, gradients the caller holds) is put back afterwards.
+    kept_state = copy.deepcopy(model.state_dict())
+    kept_grads = [(p, None if p.grad is None else p.grad.clone()) for p in model.parameters()]
     for it in range(warmup + repeats):
         x = sample
         for i, child in enumerate(children):
-            x_in = x.detach().requires_grad_(x.is_floating_point())
+            _, x_in = first_input(x)
             t0 = clock()
             out = child(x_in)
             t1 = clock()
@@ -182,8 +216,15 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
             if it >= warmup:
                 bwd[i].append((t1 - t0) * 1e3)
             x = out.detach()
-    model.zero_grad(set_to_none=True)
+    model.load_state_dict(kept_state)
+    for p, grad in kept_grads:
+        p.grad = grad
     layers = [LayerProfile(f"{i}:{type(c).__name__}", statistics.median(f), statistics.median(b), a,
                            float(sum(p.numel() * p.element_size() for p in c.parameters())))
               for i, (c, f, b, a) in enumerate(zip(children, fwd, bwd, acts))]
     return chain(name, layers)
+
+
+def _shape_of(value) -> str:
+    shape = getattr(value, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else type(value).__name__

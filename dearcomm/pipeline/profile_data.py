@@ -36,7 +36,10 @@ def _read(path: Optional[str], packaged: str) -> Tuple[Dict, str]:
         raise FileNotFoundError(f"dearcomm: no profile file {path!r}"
                                 + (f" (from ${PROFILES_ENV})" if path == os.environ.get(PROFILES_ENV) else ""))
     with open(path) as f:
-        return json.load(f), path
+        try:
+            return json.load(f), path
+        except json.JSONDecodeError as e:
+            raise ValueError(f"dearcomm: profile file {path!r} is not valid JSON: {e}") from e
 
 
 def _models(data: Dict, where: str) -> Dict:
@@ -96,9 +99,17 @@ def _entry(name: str, path: Optional[str]) -> Tuple[List[Dict], List[Tuple[str, 
     if not isinstance(entry, dict) or not isinstance(entry.get("layers"), list):
         raise ValueError(f"dearcomm: {where}: expected an object with a list of layers")
     columns = data.get("columns") if isinstance(data, dict) else None
+    edges = entry.get("edges", [])
+    if not isinstance(edges, list):
+        raise ValueError(f"dearcomm: {where}: edges must be a list of [source, destination] pairs, got {edges!r:.40}")
     if columns is None:  # one object per layer, edges by id
-        return entry["layers"], [tuple(e) for e in entry.get("edges", [])], where
-    if tuple(columns) != _COLUMNS:
+        for i, layer in enumerate(entry["layers"]):
+            if not isinstance(layer, dict):
+                raise ValueError(f"dearcomm: {where}: layer {i} must be an object with the keys "
+                                 f"{', '.join(_OBJECT_KEYS)}, got {layer!r:.60}")
+        ids = [layer.get("id") for layer in entry["layers"]]
+        return entry["layers"], _edges(edges, ids, {i: k for k, i in enumerate(ids)}, "ids", where), where
+    if not isinstance(columns, list) or tuple(columns) != _COLUMNS:
         raise ValueError(f"dearcomm: {file_where}: columns must be {list(_COLUMNS)}, got {columns}")
     records = []
     for i, row in enumerate(entry["layers"]):
@@ -107,12 +118,31 @@ def _entry(name: str, path: Optional[str]) -> Tuple[List[Dict], List[Tuple[str, 
                              f"({', '.join(_COLUMNS)}), got {row!r:.80}")
         records.append(dict(zip(("id", "op") + _OBJECT_KEYS[1:], row)))
     ids = [r["id"] for r in records]
-    edges = []
-    for e in entry.get("edges", []):
-        if not (isinstance(e, list) and len(e) == 2 and all(isinstance(i, int) and 0 <= i < len(ids) for i in e)):
-            raise ValueError(f"dearcomm: {where}: edge {e!r:.40} must be two layer indices in 0..{len(ids) - 1}")
-        edges.append((ids[e[0]], ids[e[1]]))
-    return records, edges, where
+    by_index = {i: i for i in range(len(ids)) if not isinstance(i, bool)}
+    return records, [(ids[a], ids[b]) for a, b in _edges(edges, list(range(len(ids))), by_index, "indices", where)], where
+
+
+def _edges(edges: List, ids: List, position: Dict, named_by: str, where: str) -> List[Tuple]:
+    """The edges, checked: pairs of known layer ids (or indices), each from an
+    earlier layer to a later one, the ids unique (a repeated id would take
+    another layer's edges)."""
+    seen = set()
+    for i, layer_id in enumerate(ids):
+        if not isinstance(layer_id, (str, int)) or isinstance(layer_id, bool):
+            continue  # _layer names what is wrong with it
+        if layer_id in seen:
+            raise ValueError(f"dearcomm: {where}: layer id {layer_id!r} appears twice (layer {i}); ids must be unique")
+        seen.add(layer_id)
+    out = []
+    for e in edges:
+        if not (isinstance(e, list) and len(e) == 2 and all(not isinstance(x, (bool, list, dict)) and x in position
+                                                            for x in e)):
+            raise ValueError(f"dearcomm: {where}: edge {e!r:.40} must be two layer {named_by} of this profile")
+        if position[e[0]] >= position[e[1]]:
+            raise ValueError(f"dearcomm: {where}: edge {e!r:.40} runs from a layer to an earlier one (or itself); "
+                             "layers are in topological order, so every edge runs forward")
+        out.append(tuple(e))
+    return out
 
 
 def _layer(entry: Dict, where: str) -> LayerProfile:

@@ -20,11 +20,13 @@ One step:
      scaled by 1/M so that the sum is the global batch's mean);
   3. it waits for its sends, all-reduces (sum) the gradients among its
      stage's replicas (one flat buffer), and the optimizer steps.
-Deadlock freedom comes from the plan: simulate() rejects orders that
-deadlock, and the process group's timeout ends anything else in an error.
+Deadlock freedom comes from the plan: the runtime refuses orders that
+deadlock (as simulate() does) and a plan that differs between ranks, and the
+process group's timeout ends anything else in an error.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -32,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .plan import BACKWARD, FORWARD, Plan
+from .plan import BACKWARD, FORWARD, Plan, check_runs_through
+from .profile import first_input, sequential_children
 
 
 class PipelineRuntime:
@@ -44,11 +47,28 @@ class PipelineRuntime:
         sample_microbatch: one micro-batch of inputs, to learn the boundary shapes."""
         if not dist.is_initialized():
             raise RuntimeError("dearcomm: PipelineRuntime needs torch.distributed to be initialised first")
-        children = list(model.children())
+        children = sequential_children(model, "PipelineRuntime")
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.group = group
+        if not isinstance(sample_microbatch, torch.Tensor) or sample_microbatch.dim() == 0 \
+                or sample_microbatch.shape[0] == 0:
+            raise ValueError("dearcomm: PipelineRuntime's sample_microbatch is one micro-batch of inputs, a tensor "
+                             "with at least one sample along dim 0")
+        if not isinstance(plan, Plan):
+            raise TypeError(f"dearcomm: PipelineRuntime takes a dearcomm.pipeline.Plan, got {type(plan).__name__}")
+        used = max((d for g in plan.devices for d in g), default=-1) + 1
+        if used > self.world:
+            raise ValueError(f"dearcomm: PipelineRuntime: the plan places stages on devices up to {used - 1} but the "
+                             f"process group has {self.world} ranks; launch {used} ranks (torchrun "
+                             f"--nproc_per_node={used}) or plan for {self.world} devices")
+        if plan.bounds and plan.bounds[-1] != len(children):
+            raise ValueError(f"dearcomm: PipelineRuntime: the plan splits {plan.bounds[-1]} layers but the model has "
+                             f"{len(children)} children; plan on the profile of this model")
         plan.validate(len(children), self.world)
+        check_runs_through(plan)
+        _check_same_everywhere(plan, len(children), sample_microbatch, group)
         self.plan, self.loss_fn = plan, loss_fn
+        self._sample = (tuple(sample_microbatch.shape), sample_microbatch.dtype)
         S = plan.num_stages
         where = plan.stage_of_device(self.rank)
         self.stage, self.replica = where if where is not None else (None, None)
@@ -83,6 +103,22 @@ class PipelineRuntime:
         self.task_ms: Dict = {}  # (kind, microbatch) -> compute ms of the last step (wall)
         self.task_cpu_ms: Dict = {}  # the same, this thread's CPU time: without waiting for a shared core
 
+    def _check_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """The global batch splits into micro-batches of the sample's shape
+        and dtype: the boundary buffers were sized from it. Every rank holds
+        the same batch, so every rank raises alike."""
+        M = self.plan.num_microbatches
+        shape, dtype = self._sample
+        want = (shape[0] * M,) + shape[1:]
+        if tuple(inputs.shape) != want or inputs.dtype != dtype:
+            raise ValueError(f"dearcomm: PipelineRuntime.step() takes a global batch of {M} micro-batches shaped "
+                             f"like sample_microbatch, {dtype} of shape {want}; got {inputs.dtype} of shape "
+                             f"{tuple(inputs.shape)}. A last, smaller batch of an epoch: drop it "
+                             "(DataLoader(drop_last=True))")
+        if targets.shape[:1] != inputs.shape[:1]:
+            raise ValueError(f"dearcomm: PipelineRuntime.step(): {inputs.shape[0]} inputs but "
+                             f"{targets.shape[0] if targets.dim() else 'no'} targets along dim 0")
+
     def _peer(self, stage: int, microbatch: int) -> int:
         d = self.plan.device_of(stage, microbatch)
         return d if self.group is None else dist.get_global_rank(self.group, d)
@@ -93,9 +129,7 @@ class PipelineRuntime:
         if self.stage is None:
             return None
         plan, s, S, M = self.plan, self.stage, self.plan.num_stages, self.plan.num_microbatches
-        if inputs.shape[0] % M:
-            raise ValueError(f"dearcomm: the global batch ({inputs.shape[0]} samples) must divide into "
-                             f"{M} equal micro-batches")
+        self._check_batch(inputs, targets)
         xs, ys = inputs.chunk(M), targets.chunk(M)
         mine = plan.microbatches_of(s, self.replica)
         acts, grads, recvs = {}, {}, {}
@@ -111,12 +145,12 @@ class PipelineRuntime:
             m = task.microbatch
             if task.kind == FORWARD:
                 if s == 0:
-                    x = xs[m]
+                    x = None
                 else:
                     recvs[FORWARD, m].wait()
-                    x = acts[m].requires_grad_(acts[m].is_floating_point())
+                    x, x_in = first_input(acts[m])
                 t0, c0 = time.perf_counter(), time.thread_time()
-                out = self.module(x)
+                out = self.module(xs[m] if s == 0 else x_in)
                 if s == S - 1:
                     out = self.loss_fn(out, ys[m]) / M
                     loss_sum += float(out.detach())
@@ -155,3 +189,21 @@ class PipelineRuntime:
             dist.all_reduce(total, group=self._last_group)
             loss_sum = float(total)
         return loss_sum
+
+
+def _check_same_everywhere(plan: Plan, num_layers: int, sample: torch.Tensor,
+                           group: Optional[dist.ProcessGroup]) -> None:
+    """Every rank holds the same plan, model depth and micro-batch shape: a
+    rank that planned otherwise would send activations another stage does
+    not expect and train another network without an error."""
+    text = repr((plan.bounds, plan.devices, sorted((d, tuple(map(str, o))) for d, o in plan.orders.items()),
+                 plan.num_microbatches, num_layers, tuple(sample.shape), str(sample.dtype)))
+    mine = torch.tensor([int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)])
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    differ = [r for r, h in enumerate(every) if int(h) != int(every[0])]
+    if differ:
+        raise ValueError(f"dearcomm: PipelineRuntime: ranks {differ} hold another plan, model depth or "
+                         f"micro-batch shape than rank 0 (this rank's plan: {plan.describe()}, {num_layers} "
+                         f"layers, sample {tuple(sample.shape)}). Plan on one rank and broadcast the plan "
+                         "(torch.distributed.broadcast_object_list); timings differ between ranks")
