@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -9,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from . import _exit
+from . import _exit, _options
 from ._auto import AUTO, AUTO_OPTIONS, AutoPlanner, split_auto
 from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
@@ -203,6 +204,15 @@ def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[i
     max_delay that lets it consider deft (None: it does not); a bad one
     raises, without a model or a process group (the integrations check
     theirs with it before they start)."""
+    known = [name for name in inspect.signature(wrap).parameters if name not in ("module", "optimizer")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"dearcomm: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                        f"dearcomm.wrap()'s options are {', '.join(known)}")
+    schedule, names = options.get("schedule"), [entry["name"] for entry in _options._REGISTRY]
+    if isinstance(schedule, str) and schedule != AUTO and schedule not in names:
+        raise ValueError(f"dearcomm: unknown schedule {schedule!r}; expected one of {', '.join(names)} or "
+                         f"{AUTO!r} (dearcomm chooses)")
     auto_max_delay = None
     if options.get("schedule") == AUTO and options.get("delays") is not None:
         raise ValueError("dearcomm: delays are deft's plan for one job; with schedule='auto' give max_delay, and "

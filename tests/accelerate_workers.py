@@ -100,7 +100,7 @@ def parity_worker(rank, world_size, tmp, saved_by, resumed_by, mixed):
         assert_same_run(run(world_size, {}, "bf16"), run(world_size, None, "bf16"), "bf16", MIXED_TOL)
 
 
-def errors_worker(rank, world_size):
+def errors_worker(rank, world_size, tmp):
     """A bad option fails before prepare() moves or wraps anything; clipping
     part of a dearcomm model fails with the reason."""
     import pytest
@@ -116,6 +116,56 @@ def errors_worker(rank, world_size):
     model, optimizer = dear_accelerate.prepare(accelerator, model, optimizer)
     with pytest.raises(ValueError, match="^dearcomm: accelerator.clip_grad_norm_ got some of a dearcomm model's"):
         accelerator.clip_grad_norm_(list(model.parameters())[:1], 1.0)
+    with pytest.raises(TypeError, match="^dearcomm: unknown option bucket_cap_mb; dearcomm.wrap\\(\\)'s options are"):
+        dear_accelerate.prepare(make_accelerator("no"), *objects(world_size, 0)[:2], bucket_cap_mb=4)
+    # save_model() writes safetensors, which kept one parameter of each sharded bucket (the rest share its storage).
+    model(torch.zeros(2, 8)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    save_to = os.path.join(tmp, "save_model")
+    accelerator.save_model(model, save_to)
+    if rank == 0:
+        from safetensors.torch import load_file
+        saved = load_file(os.path.join(save_to, "model.safetensors"))
+        want = {k: v.detach() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+        torch.testing.assert_close(saved, want, msg=lambda m: f"save_model() under the sharded update: {m}")
+    accelerator.wait_for_everyone()
+
+
+def ddp_kwargs_worker(rank, world_size):
+    """Accelerate's DistributedDataParallelKwargs reach dearcomm as DDP would
+    read them: an unused parameter trains with find_unused_parameters=True
+    there, and a DDP hook with no counterpart is refused rather than ignored."""
+    import pytest
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    from dearcomm.integrations import accelerate as dear_accelerate
+
+    as_launched_rank(rank, world_size)
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16)])
+    with pytest.raises(ValueError, match=r"^dearcomm: prepare\(\) replaces DDP, and "
+                                         r"DistributedDataParallelKwargs\(comm_hook=...\) has no dearcomm counterpart"):
+        dear_accelerate.prepare(accelerator, *objects(world_size, 0)[:2])
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    class WithUnusedHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net, self.unused = objects(world_size, 0)[0], nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.net(x)
+    model = WithUnusedHead()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+    model, optimizer = dear_accelerate.prepare(accelerator, model, optimizer)
+    for _ in range(2):  # without the kwargs: "got no gradient"
+        accelerator.backward(F.mse_loss(model(torch.ones(4, 8)), torch.zeros(4, 4)))
+        optimizer.step()
+        optimizer.zero_grad()
+    AcceleratorState._reset_state()
 
 
 def example_worker(rank, world_size):

@@ -14,6 +14,7 @@ def frameworks_worker(rank, world_size, tmp, saved_by, resumed_by, mixed, exampl
     accelerate_workers.parity_worker(rank, world_size, tmp, saved_by, resumed_by, mixed)
     if examples:
         lightning_workers.errors_worker(rank, world_size, tmp)
-        accelerate_workers.errors_worker(rank, world_size)
+        accelerate_workers.errors_worker(rank, world_size, tmp)
+        accelerate_workers.ddp_kwargs_worker(rank, world_size)
         lightning_workers.example_worker(rank, world_size)
         accelerate_workers.example_worker(rank, world_size)

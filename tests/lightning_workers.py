@@ -151,9 +151,83 @@ def errors_worker(rank, world_size, tmp):
         DearStrategy(bucket_mb=-1)
     with pytest.raises(ValueError, match="^dearcomm: unknown schedule 'ring'"):
         DearStrategy(schedule="ring")
+    for options, named in ((dict(schedule="usbyte"), "schedule='usbyte' without blocks"),
+                           (dict(bucket_mb="auto"), "bucket_mb='auto'")):
+        with pytest.raises(ValueError, match=f"^dearcomm: DearStrategy cannot take {named}: these plan at the first"):
+            DearStrategy(**options)
     as_torchrun_rank(rank, world_size)
     with pytest.raises(NotImplementedError, match="^dearcomm: DearStrategy clips by norm only"):
         fit(DearStrategy(), world_size, tmp, max_epochs=1, gradient_clip_algorithm="value")
+
+
+def manual_and_averaging_worker(rank, world_size, tmp):
+    """Against Lightning's DDP: manual optimization clipping with
+    self.clip_gradients() (it clipped a copy of the optimizer and stepped
+    unclipped), and EMAWeightAveraging, which reads every parameter after
+    each step (the ranks' averages parted)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from dearcomm.integrations.lightning import DearStrategy
+
+    as_torchrun_rank(rank, world_size)
+
+    def manual_module():
+        module = lightning_module()
+        module.automatic_optimization = False
+
+        def training_step(batch, batch_idx):
+            optimizer = module.optimizers()
+            x, y = batch
+            module.manual_backward(F.mse_loss(module(x), y))
+            module.clip_gradients(optimizer, gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
+            optimizer.step()
+            optimizer.zero_grad()
+        module.training_step = training_step
+        return module
+
+    def train(strategy, module, **args):
+        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world_size, max_epochs=2, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                             num_sanity_val_steps=0, default_root_dir=tmp, **args)
+        trainer.fit(module, loader(1, 16 * world_size))
+        return {k: v.clone() for k, v in module.state_dict().items()}
+
+    for what, make, args in (("manual optimization, self.clip_gradients()", manual_module, {}),
+                             ("EMAWeightAveraging", lightning_module,
+                              dict(callbacks=[EMAWeightAveraging(decay=0.5)], gradient_clip_val=CLIP))):
+        args_ddp = dict(args, callbacks=[EMAWeightAveraging(decay=0.5)]) if "callbacks" in args else args
+        reference = train(DDPStrategy(), make(), **args_ddp)
+        torch.testing.assert_close(train(DearStrategy(), make(), **args), reference, **TOL,
+                                   msg=lambda m: f"{what}: {m}")
+
+
+def failure_worker(rank, world_size, tmp):
+    """One rank's training_step raises: that rank leaves fit() at once, and
+    the other fails when it goes (its teardown gathered the optimizer's state,
+    a collective the failed rank never joined: the group's timeout)."""
+    import lightning.pytorch as pl
+
+    from dearcomm.integrations.lightning import DearStrategy
+
+    as_torchrun_rank(rank, world_size)
+    module = lightning_module()
+    plain_step = module.training_step
+
+    def training_step(batch, batch_idx):
+        if batch_idx == 2 and module.global_rank == 1:
+            raise RuntimeError("a bug on rank 1")
+        return plain_step(batch, batch_idx)
+    module.training_step = training_step
+    trainer = pl.Trainer(strategy=DearStrategy(), accelerator="cpu", devices=world_size, max_epochs=2, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         num_sanity_val_steps=0, default_root_dir=tmp)
+    try:
+        trainer.fit(module, loader(1, 16 * world_size))
+    except Exception as e:  # noqa: BLE001 - what each rank saw is the result
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def example_worker(rank, world_size):

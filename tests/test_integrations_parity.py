@@ -28,3 +28,17 @@ from tests.multiprocess import run_workers  # noqa: E402
 def test_same_parameters_as_the_frameworks_ddp(tmp_path, world_size, saved_by, resumed_by, mixed_and_more):
     run_workers(frameworks_worker, world_size, str(tmp_path), saved_by, resumed_by, mixed_and_more,
                 mixed_and_more, deadline=300)
+
+
+def test_lightning_manual_clipping_and_weight_averaging_match_ddp(tmp_path):
+    from tests.lightning_workers import manual_and_averaging_worker
+    run_workers(manual_and_averaging_worker, 2, str(tmp_path), deadline=300)
+
+
+def test_lightning_a_rank_that_fails_ends_the_job_within_the_collective_timeout(tmp_path):
+    """The deadline is under the workers' collective timeout (45 s): a
+    teardown that waited for the failed rank fails it."""
+    from tests.lightning_workers import failure_worker
+    seen = run_workers(failure_worker, 2, str(tmp_path), deadline=40)
+    assert "a bug on rank 1" in seen[1], seen
+    assert seen[0] is not None and "dearcomm" in seen[0], seen

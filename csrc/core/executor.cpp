@@ -114,7 +114,8 @@ void Executor::grad_ready(int64_t param) {
   // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
   DEARCOMM_CORE_CHECK(state() != IterationState::kReduced, std::runtime_error, "dearcomm: parameter '",
                       names_[param], "' got a second gradient before optimizer.step(); call optimizer.step() after "
-                      "every backward");
+                      "every backward, or run the backwards that accumulate under model.no_sync() (Lightning's "
+                      "manual optimization: self.trainer.strategy.block_backward_sync())");
   DEARCOMM_CORE_CHECK(state() == IterationState::kIdle || state() == IterationState::kBackward, std::runtime_error,
                       "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state()),
                       "; backward must not run inside optimizer.step()");
@@ -122,7 +123,9 @@ void Executor::grad_ready(int64_t param) {
     begin_backward();
   }
   DEARCOMM_CORE_CHECK(!grad_ready_[param], std::runtime_error, "dearcomm: parameter '", names_[param],
-                      "' got a second gradient before optimizer.step(); call optimizer.step() after every backward");
+                      "' got a second gradient before optimizer.step(); call optimizer.step() after "
+                      "every backward, or run the backwards that accumulate under model.no_sync() (Lightning's "
+                      "manual optimization: self.trainer.strategy.block_backward_sync())");
   device_.accept_grad(param);
   grad_ready_[param] = true;
   const Layout::Param& span = layout_.params[param];

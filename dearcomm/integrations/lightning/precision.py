@@ -54,6 +54,9 @@ class SteppedByDearcomm:
                     f"Trainer(gradient_clip_val={self._dear_clip_in_step}) after unscaling; clipping to {clip_val} "
                     "from configure_gradient_clipping() or clip_gradients() is not supported")
             return
+        # Manual optimization hands over a LightningOptimizer, a copy of the
+        # optimizer's attributes: the clip asked of it never reached step().
+        optimizer = getattr(optimizer, "_optimizer", optimizer)
         optimizer.clip_grad_norm_(clip_val)  # the global norm of the averaged gradients, as DDP + torch's clipping
 
 

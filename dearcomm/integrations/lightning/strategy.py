@@ -33,6 +33,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, WeightAveraging
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
@@ -64,6 +65,9 @@ class DearStrategy(DDPStrategy):
         bucket_mb: Union[float, str] = 25.0,
         partition_mb: Union[float, str, None] = None,
         blocks: Optional[Mapping[str, Sequence[int]]] = None,
+        priorities: Optional[Mapping[str, int]] = None,
+        max_delay: Optional[int] = None,
+        delays: Optional[Mapping[str, int]] = None,
         credit_mb: Union[float, str, None] = None,
         schedule: str = "dear",
         update: Optional[str] = None,
@@ -80,10 +84,11 @@ class DearStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
         self._dear_options: Dict[str, Any] = dict(
-            bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, credit_mb=credit_mb, schedule=schedule,
-            update=update, find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype,
-            broadcast_buffers=broadcast_buffers)
-        resolve_options(**self._dear_options)  # a bad option fails here, before any process starts
+            bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, priorities=priorities,
+            max_delay=max_delay, delays=delays, credit_mb=credit_mb, schedule=schedule, update=update,
+            find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype, broadcast_buffers=broadcast_buffers)
+        resolve_options(**dict(self._dear_options))  # a bad option fails here, before any process starts
+        _refuse_planning_at_first_forward(self._dear_options)
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -128,6 +133,18 @@ class DearStrategy(DDPStrategy):
         self.optimizers = [optimizer]  # LR schedulers keep working: it shares param_groups with the user's
         precision.adapt(self.precision_plugin, clip_in_step)
 
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        callbacks = self.lightning_module.trainer.callbacks
+        callbacks[:] = [c for c in callbacks if not isinstance(c, _FinishStepBeforeAveraging)]  # a second fit()
+        averaging = [c for c in callbacks if isinstance(c, WeightAveraging)]
+        if averaging and isinstance(self.model, DearModule) and self.schedule != "wfbp":
+            # Before them in the callback list: their on_train_batch_end reads the parameters.
+            callbacks.insert(0, _FinishStepBeforeAveraging(self.model))
+            log.info("dearcomm: %s reads the parameters after every step, so DearStrategy finishes each step's "
+                     "all-gathers before it (the next forward no longer overlaps them); an EMA from "
+                     "model.register_update_hook keeps the overlap (docs/guide.md)", type(averaging[0]).__name__)
+
     def configure_ddp(self) -> None:
         raise NotImplementedError("dearcomm: DearStrategy wraps the model with dearcomm in setup(), not with DDP")
 
@@ -156,13 +173,11 @@ class DearStrategy(DDPStrategy):
         super().on_exception(exception)
 
     def teardown(self) -> None:
-        if isinstance(self.model, DearModule):
-            try:
-                self._unwrap()
-            except Exception:  # noqa: BLE001 - a peer failed first; its error is the one to see
-                if not self._failed:
-                    raise
-                log.warning("dearcomm: unwrapping the model after a failure failed too", exc_info=True)
+        if isinstance(self.model, DearModule) and not self._failed:
+            self._unwrap()
+        # After a failure nothing is unwrapped: gathering the optimizer's state
+        # is a collective that the failed peer never joins (it waited for the
+        # group's timeout, minutes, before the failure could be seen).
         precision.restore(self.precision_plugin)
         super().teardown()
 
@@ -180,3 +195,35 @@ class DearStrategy(DDPStrategy):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         if "dear" not in strategy_registry:
             strategy_registry.register("dear", cls, description="dearcomm's DeAR schedule in place of DDP")
+
+
+class _FinishStepBeforeAveraging(Callback):
+    """Lightning's WeightAveraging callbacks (EMAWeightAveraging) read every
+    parameter at each batch's end, where under schedule="dear" the step's
+    all-gathers are still writing them: each rank averaged its own shard new
+    and the rest old, and the ranks' averages parted."""
+
+    def __init__(self, model: DearModule) -> None:
+        self._model = model
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if isinstance(self._model, DearModule) and not self._model._dear.closed:
+            self._model.sync()
+
+
+def _refuse_planning_at_first_forward(options: Dict[str, Any]) -> None:
+    """What plans at the first training forward profiles the model by calling
+    it again with that forward's arguments; under Lightning those are
+    training_step's, and the call reaches forward()."""
+    planned = [f"{name}='auto'" for name, value in options.items() if value == "auto"]
+    if options["schedule"] == "usbyte" and options["blocks"] is None:
+        planned.append("schedule='usbyte' without blocks")
+    if options["schedule"] == "deft" and options["delays"] is None:
+        planned.append("schedule='deft' without delays")
+    if planned:
+        raise ValueError(
+            f"dearcomm: DearStrategy cannot take {', '.join(planned)}: these plan at the first training forward by "
+            "calling the model again with that forward's arguments, and under Lightning those are training_step's. "
+            "Give the plan instead (usbyte: blocks and priorities from dearcomm.usbyte.plan_job; deft: delays from "
+            "dearcomm.deft.plan_job; bucket_mb and the others: dearcomm.plan()), or train with Accelerate or a "
+            "plain loop, where they plan themselves")
