@@ -612,6 +612,8 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
                     raise
                 raise ProfilingFailed(str(e)) from None
             except ValueError as e:  # e.g. a parameter without a gradient on some rank's batch
+                if not str(e).startswith("dearcomm:"):
+                    raise  # the model's own error: training would meet it too
                 raise ProfilingFailed(str(e)) from None
             if device.type == "cpu":
                 nbytes = min(CONTENTION_BYTES, sum(p.numel() * p.element_size() for p in grads))

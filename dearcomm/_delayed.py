@@ -39,6 +39,8 @@ from typing import Deque, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from ._torch_collectives import within
+
 logger = logging.getLogger("dearcomm")
 
 WINDOW = 20
@@ -199,7 +201,8 @@ class DelayedUpdates:
         recent = max(window, key=lambda x: math.inf if math.isnan(x) else x)
         verdict = float(not (recent <= GROWTH * self.baseline and math.isfinite(self.baseline)))
         hurts = torch.tensor([verdict], device=runtime.params[0].device)
-        dist.all_reduce(hurts, op=dist.ReduceOp.MAX, group=runtime.group)
+        within(runtime.timeout, "deft's guard (whether delays hurt)", dist.all_reduce, hurts, op=dist.ReduceOp.MAX,
+               group=runtime.group)
         if hurts.item():
             self.switched_off_at = self.steps
             if runtime.rank == 0:

@@ -16,7 +16,8 @@ from . import _exit
 class PeerFailed(ValueError):
     """Some rank of the group failed while measuring; the message says which
     and why. ``value_errors``: every failing rank's error was a ValueError
-    (a bad input, as opposed to a broken process or device)."""
+    of dearcomm's (a job it cannot measure, as opposed to the model's own
+    error or a broken process or device)."""
 
     def __init__(self, message: str, value_errors: bool = False):
         super().__init__(message)
@@ -82,7 +83,7 @@ class Lockstep:
     def _peer_failed(self, mine: Optional[BaseException]) -> PeerFailed:
         """Every rank's failure, if any, exchanged; the error the others raise."""
         reasons: List[Any] = [None] * self.world_size
-        own = None if mine is None else (f"{type(mine).__name__}: {mine}", isinstance(mine, ValueError))
+        own = None if mine is None else (f"{type(mine).__name__}: {mine}", _refused_by_dearcomm(mine))
         dist.all_gather_object(reasons, own, group=self.group)
         failed = [(r, why) for r, why in enumerate(reasons) if why is not None]
         return PeerFailed(f"dearcomm: {self.what} failed on " + "; ".join(f"rank {r}: {why}" for r, (why, _) in failed),
@@ -103,3 +104,9 @@ class Lockstep:
 class _Failure:
     def __init__(self, message: str):
         self.message = message
+
+
+def _refused_by_dearcomm(error: BaseException) -> bool:
+    """A ValueError of dearcomm's own (a job it cannot measure, such as a
+    parameter without a gradient), not one the model raised."""
+    return isinstance(error, ValueError) and str(error).startswith("dearcomm:")

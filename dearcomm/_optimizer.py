@@ -38,6 +38,7 @@ from . import _C
 from ._delayed import STATE_KEY as DELAYED_KEY
 from ._options import check_clip_arguments
 from ._runtime import DearRuntime
+from ._torch_collectives import within
 from ._update import UpdateStrategy
 from ._update.base import refuse_nonfinite
 
@@ -153,6 +154,7 @@ class DistributedOptimizer(Optimizer):
         if self._runtime.options.max_grad_norm is not None:
             self._update.clip_grad_norm_(self._runtime.options.max_grad_norm, 2.0)
         self._update.apply()
+        self._update.mark_written()
         self.optimizer._opt_called = True  # what an LR scheduler over your optimizer checks (it may not step itself)
         engine.end_step()
         self._runtime.after_step()
@@ -196,7 +198,8 @@ class DistributedOptimizer(Optimizer):
                 by_dtype.setdefault(tensor.dtype, []).append(tensor)
             for tensors in by_dtype.values():
                 torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self._runtime.group)
+        within(self._runtime.timeout, "the GradScaler's all-reduce of inf/NaN found", dist.all_reduce, found_inf,
+               op=dist.ReduceOp.MAX, group=self._runtime.group)
         state["found_inf_per_device"] = {found_inf.device: found_inf}
         return bool(found_inf.item())
 

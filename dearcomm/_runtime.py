@@ -56,6 +56,7 @@ from ._delays import bucket_delays
 from ._cpu_switches import check_switches
 from ._engine_group import engine_group
 from ._priorities import bucket_priorities
+from ._torch_collectives import broadcast_within, within
 from .overlap import OverlapMonitor
 from ._update import strategy_class
 from ._weak import weakly
@@ -63,7 +64,6 @@ from ._weak import weakly
 logger = logging.getLogger("dearcomm")
 
 # DDP's size for coalesced buffer broadcasts.
-_BUFFER_BROADCAST_BYTES = 250 * 1024 * 1024
 
 # Called with [(name, parameter), ...] of one bucket once its parameters hold
 # the result of the last optimizer.step().
@@ -229,7 +229,8 @@ class DearRuntime:
         # refuse them after the copy; training-mode backward reads their
         # versions, not their values.
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
-            dist._broadcast_coalesced(self.group, buffers, _BUFFER_BROADCAST_BYTES, 0)
+            broadcast_within(buffers, dist.get_global_rank(self.group, 0), self.group, self.timeout,
+                             "the broadcast of rank 0's buffers after a training forward")
 
     def _hook_outputs(self, output) -> None:
         """A hook on the training forward's outputs queues the
@@ -325,7 +326,8 @@ class DearRuntime:
         move them under momentum or weight decay."""
         flags = torch.zeros(len(self.params), dtype=torch.int32, device=self.params[0].device)
         flags[unused_here] = 1
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        within(self.timeout, "the all-reduce of which parameters got no gradient (find_unused_parameters)",
+               dist.all_reduce, flags, op=dist.ReduceOp.MIN, group=self.group)
         self.unused_everywhere = frozenset(flags.nonzero().flatten().tolist())
         if self.update.averaged_in_grad:  # .grad holds the average, zeros for these: None, as DDP leaves it
             delayed = self.delayed.delays or {}

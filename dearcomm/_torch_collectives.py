@@ -3,8 +3,40 @@
 torch 2.14 calls them all_gather_single / reduce_scatter_single and deprecates
 the older all_gather_into_tensor / reduce_scatter_tensor; earlier releases
 (2.11 on common GPU images) have only the older names. Same arguments:
-(output, input, ..., group=...)."""
+(output, input, ..., group=...). And dearcomm's own collectives on the
+training group, waited for within wrap()'s timeout."""
+import datetime
+from typing import Dict, List, Tuple
+
+import torch
 import torch.distributed as dist
 
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def within(timeout: datetime.timedelta, what: str, collective, *args, **kwargs) -> None:
+    """Runs a torch collective of dearcomm's on the training group and waits
+    for it at most ``timeout`` (wrap()'s), as the engine waits for its own:
+    a peer that stalled, died or never calls it makes every waiting rank
+    raise, naming ``what``, instead of waiting for the group's own timeout
+    (30 minutes on gloo)."""
+    work = collective(*args, async_op=True, **kwargs)
+    try:
+        work.wait(timeout)
+    except RuntimeError as e:
+        raise RuntimeError(f"dearcomm: {what} did not complete within {timeout.total_seconds():g} s (wrap()'s "
+                           f"timeout): a peer stalled, died or did not call it: {e}") from e
+
+
+def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: datetime.timedelta, what: str) -> None:
+    """Broadcasts ``tensors`` in place from global rank ``src``, one flat
+    buffer per dtype and device, each wait within ``timeout`` (see within)."""
+    by_kind: Dict[Tuple[torch.dtype, torch.device], List[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for same in by_kind.values():
+        flat = torch._utils._flatten_dense_tensors(same)
+        within(timeout, what, dist.broadcast, flat, src, group=group)
+        for tensor, value in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+            tensor.copy_(value)

@@ -378,3 +378,80 @@ def test_backward_that_raised_midway_is_named_at_the_next_forward():
                                                           deadline=120)):
         assert outcome == "raised", f"rank {rank} trained on after a backward that raised midway"
         assert "dearcomm: the previous backward did not finish" in message, message
+
+
+def stale_graph_worker(rank, world_size):
+    """A backward through a graph kept (retain_graph) from before step():
+    torch raises because step() wrote the parameters in place, and with
+    dearcomm too, though the all-gathers write them behind autograd's back
+    (it ran silently on the new weights)."""
+    seen = {}
+    for schedule in ("dear", "wfbp", "bytescheduler"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+        model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule=schedule)
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        loss = model(torch.randn(3, 4)).sum()
+        loss.backward(retain_graph=True)
+        optimizer.step()
+        optimizer.zero_grad()
+        try:
+            loss.backward()
+        except RuntimeError as e:
+            seen[schedule] = str(e)
+        model.close()
+    return seen
+
+
+def test_a_backward_through_a_graph_from_before_step_raises():
+    for rank, seen in enumerate(run_workers(stale_graph_worker, 2, deadline=120)):
+        for schedule in ("dear", "wfbp", "bytescheduler"):
+            assert "modified by an inplace operation" in seen.get(schedule, ""), (rank, schedule, seen)
+
+
+def late_peer_worker(rank, world_size, case):
+    """Rank 1 arrives late (or never) at one of dearcomm's own collectives on
+    the training group; rank 0 raises within wrap()'s timeout, naming it."""
+    import time
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                     timeout=datetime.timedelta(seconds=3))
+    model(torch.randn(6, 4)).sum().backward()
+    optimizer.step()
+    if case == "buffers" and rank == 1:
+        time.sleep(6)  # late for the forward's buffer broadcast
+    loss = model(torch.randn(6, 4)).sum()
+    if case == "buffers":
+        return None
+    loss.backward()
+    try:
+        if rank == 0:  # a rank-0-only norm, as torch's clip_grad_norm_ is local under DDP
+            optimizer.clip_grad_norm_(1.0)
+        else:
+            time.sleep(6)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("case, named", [
+    ("buffers", "the broadcast of rank 0's buffers after a training forward did not complete within 3 s"),
+    ("clip", r"optimizer.clip_grad_norm_'s all-reduce of the norm \(call it on every rank\) did not complete "
+             r"within 3 s"),
+])
+def test_dearcomms_own_collectives_keep_wraps_timeout(case, named):
+    """The deadline is under the group's timeout (45 s here; 30 minutes by
+    default): waiting for the group's timeout fails the test."""
+    results = run_workers(_call_late_peer, 2, case, deadline=30)
+    assert re.search("dearcomm: " + named, results[0] or ""), results
+
+
+def _call_late_peer(rank, world_size, case):
+    try:
+        return late_peer_worker(rank, world_size, case)
+    except RuntimeError as e:
+        return str(e)

@@ -192,3 +192,32 @@ def test_auto_can_choose_usbytes_own_plan():
         assert schedule == "usbyte" and priorities, f"rank {rank}: {schedule}"
         assert error < 1e-5, f"rank {rank}: parameters differ from one process by {error}"
         assert "schedule=usbyte" in plan and "parameters ranked>" in plan, plan
+
+
+def model_error_while_planning_worker(rank, world_size):
+    """The model's own ValueError during the planning forward's profiling
+    (rank 1's third call) reaches the user on every rank; it was taken for a
+    job that cannot be profiled, and training went on without a plan."""
+    class Failing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.calls = mlp(), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if rank == 1 and self.calls == 3:
+                raise ValueError("a bad sample on rank 1")
+            return self.body(x)
+    model = Failing()
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.05), schedule="usbyte")
+    try:
+        model(torch.randn(4, 64)).sum().backward()
+    except ValueError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_the_models_own_error_while_planning_is_raised():
+    seen = run_workers(model_error_while_planning_worker, 2, deadline=120)
+    assert seen[1] == "ValueError: a bad sample on rank 1", seen
+    assert "failed on rank 1: ValueError: a bad sample on rank 1" in seen[0], seen

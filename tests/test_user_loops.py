@@ -469,6 +469,28 @@ def test_rank0_only_sharded_optimizer_state_dict_fails_fast():
     assert counts[0] == counts[1] > 0
 
 
+def late_rank_optimizer_state_worker(rank, world_size):
+    """Every rank calls optimizer.state_dict(), one of them late (a
+    rank-0-only evaluation first): within wrap(timeout=) it works (the fixed
+    arrival limit failed it, saying not every rank called it)."""
+    import datetime
+    import time
+
+    from dearcomm._update import sharded_state
+    sharded_state.ARRIVAL_SECONDS = 2.0
+    model, optimizer, _, _ = wrapped_pair("dear", "sharded", 0, timeout=datetime.timedelta(seconds=20))
+    for x, y in batches(2, GLOBAL_BATCH):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+    if rank == 0:
+        time.sleep(5)
+    return len(optimizer.state_dict()["state"])
+
+
+def test_a_late_rank_at_the_sharded_optimizer_state_dict_within_wraps_timeout():
+    counts = run_workers(late_rank_optimizer_state_worker, 2, deadline=120)
+    assert counts[0] == counts[1] > 0
+
+
 # ---- torch.profiler around some iterations ----------------------------------------
 
 def profiler_worker(rank, world_size, schedule, update):

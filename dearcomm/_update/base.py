@@ -100,6 +100,13 @@ class UpdateStrategy(abc.ABC):
     def apply(self) -> None:
         """At step(): runs the update, or prepares the one the engine calls later."""
 
+    def mark_written(self) -> None:
+        """After apply(): the parameters count as written in place, as after
+        a torch optimizer's step, also where the engine writes them behind
+        autograd's back (the all-gathers): a backward through a graph kept
+        from before the step raises instead of reading the new values."""
+        torch.autograd.graph.increment_version(self.runtime.params)
+
     # Checkpoints. By default the user's optimizer holds the whole state.
 
     def state_dict(self) -> Dict[str, Any]:

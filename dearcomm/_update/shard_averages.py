@@ -11,7 +11,10 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .._torch_collectives import within
 from .base import UpdateStrategy, refuse_nonfinite
+
+CLIP_NORM = "optimizer.clip_grad_norm_'s all-reduce of the norm (call it on every rank)"
 
 
 class AveragesInShards(UpdateStrategy):
@@ -45,10 +48,10 @@ class AveragesInShards(UpdateStrategy):
         local = torch.stack([torch.linalg.vector_norm(p.float(), norm_type) for p in parts])
         if norm_type == float("inf"):
             total = local.max()
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
+            within(self.runtime.timeout, CLIP_NORM, dist.all_reduce, total, op=dist.ReduceOp.MAX, group=group)
         else:
             total = local.pow(norm_type).sum()
-            dist.all_reduce(total, group=group)
+            within(self.runtime.timeout, CLIP_NORM, dist.all_reduce, total, group=group)
             total = total.pow(1.0 / norm_type)
         return total
 

@@ -42,6 +42,10 @@ class ShardedAtStep(AveragesInShards):
             pending, self._pending_state = self._pending_state, None
             self.load_state_dict(pending)
 
+    def mark_written(self) -> None:
+        super().mark_written()
+        self._versions = _versions(self.runtime.params)  # the step's own write is not the user's
+
     def adopt_parameter_writes(self) -> None:
         # The optimizer updates the master shards and the all-gathers then
         # overwrite every parameter from them: a write into a parameter since

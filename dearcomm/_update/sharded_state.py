@@ -113,7 +113,9 @@ def consolidate(update) -> Dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
-# How long the ranks may arrive apart at a consolidated optimizer.state_dict().
+# How long the ranks may arrive apart at a consolidated optimizer.state_dict()
+# where wrap() got no timeout (the group's, 30 minutes on gloo, would hide a
+# rank-0-only call that long).
 ARRIVAL_SECONDS = 120.0
 
 
@@ -127,7 +129,8 @@ def _every_rank_arrives(update, what: str) -> None:
     ranks = ",".join(map(str, dist.get_process_group_ranks(runtime.group)))
     key = f"dearcomm/arrivals/{ranks}/{update.consolidations + 1}"
     store.add(key, 1)
-    limit = min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
+    given = runtime.options.timeout  # wrap(timeout=): the user's own bound on how far apart ranks may be
+    limit = given.total_seconds() if given is not None else min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
     deadline = time.monotonic() + limit
     while store.add(key, 0) < runtime.world_size:
         if time.monotonic() > deadline:
@@ -135,7 +138,9 @@ def _every_rank_arrives(update, what: str) -> None:
             raise RuntimeError(
                 f"dearcomm: [rank {runtime.rank}] {what} with update='sharded' gathers every rank's shard, but only "
                 f"{arrived} of {runtime.world_size} ranks called it within {limit:.0f} s. Call it on every "
-                "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank.")
+                "rank (then save on rank 0), or save optimizer.sharded_state_dict() on each rank. If every rank "
+                "calls it and some arrive later than that (after a long rank-0-only evaluation), give "
+                "wrap(timeout=) longer than the gap.")
         time.sleep(0.01)
     update.consolidations += 1
 
