@@ -176,7 +176,8 @@ class DistributedOptimizer(Optimizer):
                 "would be lost. "
                 "Clip with optimizer.clip_grad_norm_(max_norm) between backward and step(), or "
                 "wrap(..., max_grad_norm=...) (with a GradScaler: scaler.unscale_(optimizer) then "
-                "optimizer.clip_grad_norm_(max_norm), or wrap(max_grad_norm=), applied after unscaling). "
+                "optimizer.clip_grad_norm_(max_norm), or wrap(max_grad_norm=), applied after unscaling; under "
+                "Lightning Trainer(gradient_clip_val=), under Accelerate accelerator.clip_grad_norm_). "
                 "schedule='wfbp' keeps the averaged gradient in .grad, as DDP does.")
 
     def _amp_step(self, scaler, user_unscaled: bool) -> bool:

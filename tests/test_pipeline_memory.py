@@ -57,3 +57,12 @@ def test_a_problem_that_fits_nowhere_names_the_stage_and_the_bytes():
         switched([1e9, 1e9]).with_memory([MB])
     with pytest.raises(ValueError, match="has a negative memory"):
         switched([1e9, 1e9]).with_memory(-1.0)
+
+
+def test_memory_limits_from_numpy():
+    """An array gives one limit per device (it was taken for one number and
+    refused as non-numeric); a numpy scalar, one for all."""
+    import numpy as np
+    from dearcomm.pipeline import uniform
+    assert uniform(3).with_memory(np.array([1e9, 2e9, 3e9])).memory_bytes == (1e9, 2e9, 3e9)
+    assert uniform(2).with_memory(np.float64(5e9)).memory_bytes == (5e9, 5e9)

@@ -74,3 +74,11 @@ def test_counting_the_candidates_of_many_devices_is_immediate():
         made = sum(1 for b in all_bounds(layers) if len(b) - 1 <= devices
                    for _ in all_groups(tuple(range(devices)), len(b) - 1))
         assert count_candidates(layers, devices, devices) == made
+
+
+def test_a_tie_goes_to_fewer_devices():
+    """One micro-batch cannot pipeline: where a split costs nothing more (a
+    cut of 0 bytes), the planner kept it on two devices all the same."""
+    layers = [LayerProfile(f"l{i}", 1.0, 2.0, 0.0, 1e3) for i in range(4)]
+    plan = plan_pipeline(chain("free-cuts", layers), uniform(2), 1)
+    assert plan.devices == ((0,),) and plan.predicted_ms == pytest.approx(12.0)

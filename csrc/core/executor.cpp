@@ -210,8 +210,8 @@ void Executor::check_backward_complete() const {
       "dearcomm: [rank ", rank_, "] ", missing.size(), " parameter(s) got no gradient in this backward: ", names,
       (missing.size() > 8 ? ", ..." : ""),
       ". Every parameter that requires grad must take part in the loss (freeze unused ones with "
-      "requires_grad_(False) before wrap), or wrap(..., find_unused_parameters=True) where some backwards leave "
-      "parameters out"));
+      "requires_grad_(False) before wrap), or pass find_unused_parameters=True (to wrap(), Lightning's "
+      "DearStrategy() or Accelerate's prepare()) where some backwards leave parameters out"));
 }
 
 void Executor::end_backward() {

@@ -117,7 +117,8 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
             if plan is not None:
                 scheduled.append(plan)
                 best_ms = min(best_ms, plan.predicted_ms)
-    scheduled.sort(key=lambda p: p.predicted_ms)
+    # Ties go to fewer devices, then fewer stages: a split that costs nothing more gains nothing.
+    scheduled.sort(key=lambda p: (p.predicted_ms, sum(map(len, p.devices)), len(p.devices)))
     best = scheduled[0]
     tops = [(p.bounds, p.devices) for p in scheduled[:starts]]
     if refine_budget > 0 and not small:

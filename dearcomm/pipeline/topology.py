@@ -138,9 +138,11 @@ class Topology:
         device, or one per device; None removes the limit."""
         if capacity is None:
             return replace(self, memory_bytes=())
-        if isinstance(capacity, (list, tuple)):
-            return replace(self, memory_bytes=tuple(capacity))
-        return replace(self, memory_bytes=(capacity,) * self.size)
+        if isinstance(capacity, (int, float)) or (hasattr(capacity, "ndim") and capacity.ndim == 0):
+            return replace(self, memory_bytes=(capacity,) * self.size)
+        if isinstance(capacity, (str, bytes)) or not hasattr(capacity, "__iter__"):
+            return replace(self, memory_bytes=(capacity,) * self.size)  # refused, named, by the check of memory_bytes
+        return replace(self, memory_bytes=tuple(capacity))  # a list, tuple or array: one per device
 
     def route(self, src: int, dst: int) -> List[int]:
         return self._routes[src][dst]
