@@ -102,7 +102,12 @@ class DearModule:
         holds them. The module keeps its (current) parameters and is again of
         its original class; its optimizer can no longer step. Dropping the
         module without close() frees the same, by garbage collection."""
-        self._dear.close()
+        self._detach(finish=True)
+
+    def _detach(self, finish: bool) -> None:
+        """close(); without finishing pending work where ``finish`` is False
+        (after a failure: a peer may be gone, and no collective may wait)."""
+        self._dear.close(finish)
         for handle in self._dear_hooks:
             handle.remove()
         plain = type(self)._dear_plain_class

@@ -600,10 +600,12 @@ class DearRuntime:
         planners = [p.handle for p in (self.auto, self.planner) if p is not None]
         return list(self._forward_handles.values()) + self._handles + planners
 
-    def close(self) -> None:
-        """Finishes pending work and removes every hook; the engine and its
+    def close(self, finish: bool = True) -> None:
+        """Finishes pending work (unless ``finish`` is False: after a failure,
+        when a peer may be gone) and removes every hook; the engine and its
         buffers go with the last reference to them."""
-        self.sync()
+        if finish:
+            self.sync()
         if self.engine is not None:
             self._drain.detach()
         for handle in self.hook_handles():

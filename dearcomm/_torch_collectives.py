@@ -15,13 +15,18 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def within(timeout: datetime.timedelta, what: str, collective, *args, **kwargs) -> None:
-    """Runs a torch collective of dearcomm's on the training group and waits
-    for it at most ``timeout`` (wrap()'s), as the engine waits for its own:
-    a peer that stalled, died or never calls it makes every waiting rank
-    raise, naming ``what``, instead of waiting for the group's own timeout
-    (30 minutes on gloo)."""
-    work = collective(*args, async_op=True, **kwargs)
+def within(timeout: datetime.timedelta, what: str, collective, tensor: torch.Tensor, *args, **kwargs) -> None:
+    """Runs a torch collective of dearcomm's on the training group (on
+    ``tensor``) and waits for it at most ``timeout`` (wrap()'s), as the engine
+    waits for its own: a peer that stalled, died or never calls it makes
+    every waiting rank raise, naming ``what``, instead of waiting for the
+    group's own timeout (30 minutes on gloo). On CUDA tensors the call is
+    NCCL's as usual: a bounded wait there blocks the CPU until the GPU is
+    done, and NCCL's watchdog bounds it."""
+    if tensor.is_cuda:
+        collective(tensor, *args, **kwargs)
+        return
+    work = collective(tensor, *args, async_op=True, **kwargs)
     try:
         work.wait(timeout)
     except RuntimeError as e:
@@ -35,8 +40,10 @@ def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: date
     by_kind: Dict[Tuple[torch.dtype, torch.device], List[torch.Tensor]] = {}
     for tensor in tensors:
         by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    sending = dist.get_rank() == src
     for same in by_kind.values():
         flat = torch._utils._flatten_dense_tensors(same)
         within(timeout, what, dist.broadcast, flat, src, group=group)
-        for tensor, value in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-            tensor.copy_(value)
+        if not sending:  # the source's own values are already in place
+            for tensor, value in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+                tensor.copy_(value)

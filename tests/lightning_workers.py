@@ -151,7 +151,7 @@ def errors_worker(rank, world_size, tmp):
         DearStrategy(bucket_mb=-1)
     with pytest.raises(ValueError, match="^dearcomm: unknown schedule 'ring'"):
         DearStrategy(schedule="ring")
-    for options, named in ((dict(schedule="usbyte"), "schedule='usbyte' without blocks"),
+    for options, named in ((dict(schedule="usbyte"), "schedule='usbyte' without its plan"),
                            (dict(bucket_mb="auto"), "bucket_mb='auto'")):
         with pytest.raises(ValueError, match=f"^dearcomm: DearStrategy cannot take {named}: these plan at the first"):
             DearStrategy(**options)
@@ -166,7 +166,7 @@ def manual_and_averaging_worker(rank, world_size, tmp):
     unclipped), and EMAWeightAveraging, which reads every parameter after
     each step (the ranks' averages parted)."""
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import EMAWeightAveraging
+    from lightning.pytorch.callbacks import EMAWeightAveraging, StochasticWeightAveraging
     from lightning.pytorch.strategies import DDPStrategy
 
     from dearcomm.integrations.lightning import DearStrategy
@@ -188,18 +188,21 @@ def manual_and_averaging_worker(rank, world_size, tmp):
         return module
 
     def train(strategy, module, **args):
-        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world_size, max_epochs=2, logger=False,
+        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world_size, max_epochs=3, logger=False,
                              enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                              num_sanity_val_steps=0, default_root_dir=tmp, **args)
         trainer.fit(module, loader(1, 16 * world_size))
         return {k: v.clone() for k, v in module.state_dict().items()}
 
-    for what, make, args in (("manual optimization, self.clip_gradients()", manual_module, {}),
-                             ("EMAWeightAveraging", lightning_module,
-                              dict(callbacks=[EMAWeightAveraging(decay=0.5)], gradient_clip_val=CLIP))):
-        args_ddp = dict(args, callbacks=[EMAWeightAveraging(decay=0.5)]) if "callbacks" in args else args
-        reference = train(DDPStrategy(), make(), **args_ddp)
-        torch.testing.assert_close(train(DearStrategy(), make(), **args), reference, **TOL,
+    averaging = {"EMAWeightAveraging": lambda: [EMAWeightAveraging(decay=0.5)],
+                 "StochasticWeightAveraging": lambda: [StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)]}
+    cases = [("manual optimization, self.clip_gradients()", manual_module, lambda: None)]
+    cases += [(name, lightning_module, callbacks) for name, callbacks in averaging.items()]
+    for what, make, callbacks in cases:
+        def args():  # callbacks of their own for each Trainer
+            return {} if callbacks() is None else dict(callbacks=callbacks(), gradient_clip_val=CLIP)
+        reference = train(DDPStrategy(), make(), **args())
+        torch.testing.assert_close(train(DearStrategy(), make(), **args()), reference, **TOL,
                                    msg=lambda m: f"{what}: {m}")
 
 
@@ -226,6 +229,9 @@ def failure_worker(rank, world_size, tmp):
     try:
         trainer.fit(module, loader(1, 16 * world_size))
     except Exception as e:  # noqa: BLE001 - what each rank saw is the result
+        # Detached all the same (a retry in this process wraps it again), and the user's optimizer back.
+        assert type(module).__name__ == "Regression" and not hasattr(module, "_dear"), type(module)
+        assert not type(trainer.strategy.optimizers[0]).__module__.startswith("dearcomm"), trainer.strategy.optimizers
         return f"{type(e).__name__}: {e}"
     return None
 

@@ -50,6 +50,12 @@ def test_a_malformed_file_is_refused_by_name(tmp_path):
                                                                              "edges": [[0, 5]]}}}))
     with pytest.raises(ValueError, match=r"edge \[0, 5\] must be two layer indices of this profile"):
         load_shared_profile("m", str(path))
+    data = json.loads(path.read_text())
+    data["models"]["m"]["layers"].append(["b", "x", 1.0, 1.0, 0.0, 0.0])
+    data["models"]["m"]["edges"] = [[0, 1.0]]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"edge \[0, 1.0\] must be two layer indices of this profile \(ints\)"):
+        load_shared_profile("m", str(path))
     with pytest.raises(ValueError, match="no model 'bert' in the packaged param_tensors.json"):
         param_tensors("bert")
 

@@ -125,6 +125,11 @@ def _misuse_worker(rank, world):
     mine = Plan((0, 2, 5) if rank == 0 else (0, 3, 5), devices, gpipe_orders(devices, 4), 4, "mine")
     with pytest.raises(ValueError, match=r"ranks \[1\] hold another plan, model depth or micro-batch shape"):
         PipelineRuntime(make_model(), mine, loss_fn, sgd, sample)
+    # A plan only rank 1 finds wrong (for 3 devices): rank 0 learns it instead of waiting in the next collective.
+    wrong = build_plan("three-stages:gpipe", 3, 2) if rank == 1 else build_plan("two-stages:gpipe", 2, 2)
+    with pytest.raises(ValueError, match="devices up to 2 but the process group has 2 ranks" if rank == 1 else
+                       "PipelineRuntime failed on rank 1: PipelineRuntime: the plan places stages on devices up to 2"):
+        PipelineRuntime(make_model(), wrong, loss_fn, sgd, sample)
     # Orders that deadlock: device 1 waits for micro-batch 1 first, device 0 sends it after B0.
     task = lambda text: Task(text[0], int(text[3]), int(text[1]))  # noqa: E731
     orders = {0: tuple(map(task, ["F0s0", "B0s0", "F1s0", "B1s0"])),
@@ -153,6 +158,12 @@ def _misuse_worker(rank, world):
         runtime.step(x.double(), y)
     with pytest.raises(ValueError, match="12 inputs but 11 targets"):
         runtime.step(x, y[:11])
+    with pytest.raises(ValueError, match="12 inputs but a tuple, not a tensor of targets"):
+        runtime.step(x, (y,))
+    shared = nn.Linear(7, 7)
+    with pytest.raises(ValueError, match=r"runs one module \(Linear\) as layers 0 and 2; .* each layer must be"):
+        PipelineRuntime(nn.Sequential(shared, nn.Tanh(), shared), build_plan("two-stages:gpipe", 2, 2), loss_fn,
+                        sgd, sample)
     return runtime.step(x, y)  # and it still trains
 
 

@@ -154,9 +154,16 @@ def sequential_children(model, where: str) -> list:
                         "pooling), so its children run one after the other would be another network. Build "
                         "the model as an nn.Sequential of blocks, each holding such a step whole (a residual "
                         "block as one child)")
-    children = list(model.children())
+    children = list(model)  # as forward runs them: children() would drop a module listed twice
     if not children:
         raise ValueError(f"dearcomm: {where} got an nn.Sequential without children; nothing to split")
+    seen = {}
+    for i, child in enumerate(children):
+        if id(child) in seen:
+            raise ValueError(f"dearcomm: {where}: the nn.Sequential runs one module ({type(child).__name__}) as layers "
+                             f"{seen[id(child)]} and {i}; a layer's weights live on one stage, so each layer must be "
+                             "a module of its own")
+        seen[id(child)] = i
     return children
 
 

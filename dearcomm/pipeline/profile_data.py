@@ -118,7 +118,10 @@ def _entry(name: str, path: Optional[str]) -> Tuple[List[Dict], List[Tuple[str, 
                              f"({', '.join(_COLUMNS)}), got {row!r:.80}")
         records.append(dict(zip(("id", "op") + _OBJECT_KEYS[1:], row)))
     ids = [r["id"] for r in records]
-    by_index = {i: i for i in range(len(ids)) if not isinstance(i, bool)}
+    for e in edges:  # indices are ints (1.0 would pass as a key of the positions, then fail as a list index)
+        if isinstance(e, list) and any(not isinstance(x, int) or isinstance(x, bool) for x in e):
+            raise ValueError(f"dearcomm: {where}: edge {e!r:.40} must be two layer indices of this profile (ints)")
+    by_index = {i: i for i in range(len(ids))}
     return records, [(ids[a], ids[b]) for a, b in _edges(edges, list(range(len(ids))), by_index, "indices", where)], where
 
 

@@ -47,26 +47,17 @@ class PipelineRuntime:
         sample_microbatch: one micro-batch of inputs, to learn the boundary shapes."""
         if not dist.is_initialized():
             raise RuntimeError("dearcomm: PipelineRuntime needs torch.distributed to be initialised first")
-        children = sequential_children(model, "PipelineRuntime")
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.group = group
-        if not isinstance(sample_microbatch, torch.Tensor) or sample_microbatch.dim() == 0 \
-                or sample_microbatch.shape[0] == 0:
-            raise ValueError("dearcomm: PipelineRuntime's sample_microbatch is one micro-batch of inputs, a tensor "
-                             "with at least one sample along dim 0")
-        if not isinstance(plan, Plan):
-            raise TypeError(f"dearcomm: PipelineRuntime takes a dearcomm.pipeline.Plan, got {type(plan).__name__}")
-        used = max((d for g in plan.devices for d in g), default=-1) + 1
-        if used > self.world:
-            raise ValueError(f"dearcomm: PipelineRuntime: the plan places stages on devices up to {used - 1} but the "
-                             f"process group has {self.world} ranks; launch {used} ranks (torchrun "
-                             f"--nproc_per_node={used}) or plan for {self.world} devices")
-        if plan.bounds and plan.bounds[-1] != len(children):
-            raise ValueError(f"dearcomm: PipelineRuntime: the plan splits {plan.bounds[-1]} layers but the model has "
-                             f"{len(children)} children; plan on the profile of this model")
-        plan.validate(len(children), self.world)
-        check_runs_through(plan)
-        _check_same_everywhere(plan, len(children), sample_microbatch, group)
+        # Every rank learns every rank's verdict before any raises: one rank's
+        # error alone left the others waiting in the next collective.
+        try:
+            children = sequential_children(model, "PipelineRuntime")
+            _check_locally(plan, children, sample_microbatch, self.world)
+            error = None
+        except (TypeError, ValueError) as e:
+            children, error = None, e
+        _check_same_everywhere(plan, children, sample_microbatch, group, error)
         self.plan, self.loss_fn = plan, loss_fn
         self._sample = (tuple(sample_microbatch.shape), sample_microbatch.dtype)
         S = plan.num_stages
@@ -110,14 +101,19 @@ class PipelineRuntime:
         M = self.plan.num_microbatches
         shape, dtype = self._sample
         want = (shape[0] * M,) + shape[1:]
+        if not isinstance(inputs, torch.Tensor):
+            raise TypeError(f"dearcomm: PipelineRuntime.step() takes the global batch's inputs as one tensor, got "
+                            f"{type(inputs).__name__}")
         if tuple(inputs.shape) != want or inputs.dtype != dtype:
             raise ValueError(f"dearcomm: PipelineRuntime.step() takes a global batch of {M} micro-batches shaped "
                              f"like sample_microbatch, {dtype} of shape {want}; got {inputs.dtype} of shape "
                              f"{tuple(inputs.shape)}. A last, smaller batch of an epoch: drop it "
                              "(DataLoader(drop_last=True))")
-        if targets.shape[:1] != inputs.shape[:1]:
-            raise ValueError(f"dearcomm: PipelineRuntime.step(): {inputs.shape[0]} inputs but "
-                             f"{targets.shape[0] if targets.dim() else 'no'} targets along dim 0")
+        if not isinstance(targets, torch.Tensor) or targets.shape[:1] != inputs.shape[:1]:
+            got = f"{targets.shape[0] if targets.dim() else 'no'}" if isinstance(targets, torch.Tensor) \
+                else f"a {type(targets).__name__}, not a tensor of"
+            raise ValueError(f"dearcomm: PipelineRuntime.step(): {inputs.shape[0]} inputs but {got} targets along "
+                             "dim 0 (the last stage's loss_fn gets each micro-batch's slice of them)")
 
     def _peer(self, stage: int, microbatch: int) -> int:
         d = self.plan.device_of(stage, microbatch)
@@ -126,10 +122,10 @@ class PipelineRuntime:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> Optional[float]:
         """One synchronous iteration on the global batch; returns the global
         batch's mean loss on last-stage ranks, None elsewhere."""
+        self._check_batch(inputs, targets)
         if self.stage is None:
             return None
         plan, s, S, M = self.plan, self.stage, self.plan.num_stages, self.plan.num_microbatches
-        self._check_batch(inputs, targets)
         xs, ys = inputs.chunk(M), targets.chunk(M)
         mine = plan.microbatches_of(s, self.replica)
         acts, grads, recvs = {}, {}, {}
@@ -191,19 +187,48 @@ class PipelineRuntime:
         return loss_sum
 
 
-def _check_same_everywhere(plan: Plan, num_layers: int, sample: torch.Tensor,
-                           group: Optional[dist.ProcessGroup]) -> None:
-    """Every rank holds the same plan, model depth and micro-batch shape: a
-    rank that planned otherwise would send activations another stage does
-    not expect and train another network without an error."""
-    text = repr((plan.bounds, plan.devices, sorted((d, tuple(map(str, o))) for d, o in plan.orders.items()),
-                 plan.num_microbatches, num_layers, tuple(sample.shape), str(sample.dtype)))
-    mine = torch.tensor([int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)])
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(every, mine, group=group)
-    differ = [r for r, h in enumerate(every) if int(h) != int(every[0])]
+def _check_locally(plan: Plan, children: List[nn.Module], sample: torch.Tensor, world: int) -> None:
+    """What each rank can check on its own: the sample, and a plan that fits
+    this model and world and whose orders do not deadlock."""
+    if not isinstance(sample, torch.Tensor) or sample.dim() == 0 or sample.shape[0] == 0:
+        raise ValueError("dearcomm: PipelineRuntime's sample_microbatch is one micro-batch of inputs, a tensor "
+                         "with at least one sample along dim 0")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"dearcomm: PipelineRuntime takes a dearcomm.pipeline.Plan, got {type(plan).__name__}")
+    used = max((d for g in plan.devices for d in g), default=-1) + 1
+    if used > world:
+        raise ValueError(f"dearcomm: PipelineRuntime: the plan places stages on devices up to {used - 1} but the "
+                         f"process group has {world} ranks; launch {used} ranks (torchrun "
+                         f"--nproc_per_node={used}) or plan for {world} devices")
+    if plan.bounds and plan.bounds[-1] != len(children):
+        raise ValueError(f"dearcomm: PipelineRuntime: the plan splits {plan.bounds[-1]} layers but the model has "
+                         f"{len(children)} children; plan on the profile of this model")
+    plan.validate(len(children), world)
+    check_runs_through(plan)
+
+
+def _check_same_everywhere(plan, children: Optional[List[nn.Module]], sample, group: Optional[dist.ProcessGroup],
+                           error: Optional[Exception]) -> None:
+    """Every rank's own verdict, then: every rank holds the same plan, model
+    depth and micro-batch shape (a rank that planned otherwise would send
+    activations another stage does not expect and train another network
+    without an error). Raises on every rank alike."""
+    text = "" if error is not None else repr((
+        plan.bounds, plan.devices, sorted((d, tuple(map(str, o))) for d, o in plan.orders.items()),
+        plan.num_microbatches, len(children), tuple(sample.shape), str(sample.dtype)))
+    mine = (hashlib.sha256(text.encode()).hexdigest(), None if error is None else (type(error).__name__, str(error)))
+    every: List = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    failed = [(r, why) for r, (_, why) in enumerate(every) if why is not None]
+    if failed:
+        if error is not None:
+            raise error
+        rank, (kind, message) = failed[0]
+        raise (TypeError if kind == "TypeError" else ValueError)(
+            f"dearcomm: PipelineRuntime failed on rank {rank}: {message.removeprefix('dearcomm: ')}")
+    differ = [r for r, (h, _) in enumerate(every) if h != every[0][0]]
     if differ:
         raise ValueError(f"dearcomm: PipelineRuntime: ranks {differ} hold another plan, model depth or "
-                         f"micro-batch shape than rank 0 (this rank's plan: {plan.describe()}, {num_layers} "
+                         f"micro-batch shape than rank 0 (this rank's plan: {plan.describe()}, {len(children)} "
                          f"layers, sample {tuple(sample.shape)}). Plan on one rank and broadcast the plan "
                          "(torch.distributed.broadcast_object_list); timings differ between ranks")

@@ -33,7 +33,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, WeightAveraging
+from lightning.pytorch.callbacks import Callback, StochasticWeightAveraging, WeightAveraging
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
@@ -43,6 +43,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 import dearcomm
 from dearcomm import DearModule
+from dearcomm._self_planning import plans_itself
 from dearcomm._wrap import resolve_options
 
 from . import precision
@@ -87,8 +88,7 @@ class DearStrategy(DDPStrategy):
             bucket_mb=bucket_mb, partition_mb=partition_mb, blocks=blocks, priorities=priorities,
             max_delay=max_delay, delays=delays, credit_mb=credit_mb, schedule=schedule, update=update,
             find_unused_parameters=find_unused_parameters, comm_dtype=comm_dtype, broadcast_buffers=broadcast_buffers)
-        resolve_options(**dict(self._dear_options))  # a bad option fails here, before any process starts
-        _refuse_planning_at_first_forward(self._dear_options)
+        _refuse_planning_at_first_forward(self._dear_options)  # and a bad option fails, before any process starts
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -102,6 +102,7 @@ class DearStrategy(DDPStrategy):
 
     def setup(self, trainer: "pl.Trainer") -> None:
         assert self.accelerator is not None and self.model is not None
+        self._failed = False  # a failure of an earlier fit(), validate() or test() is over
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting and self._layer_sync:
@@ -128,8 +129,11 @@ class DearStrategy(DDPStrategy):
                 trainer.gradient_clip_algorithm in (None, GradClipAlgorithmType.NORM):
             clip_in_step = float(trainer.gradient_clip_val)  # after the GradScaler unscaled, inside step()
         self._user_optimizer = self.optimizers[0]
+        # A timeout of the user's own bounds dearcomm's waits too (the group's default, 30 minutes, would
+        # make a rank-0-only optimizer.state_dict() wait that long before saying so).
+        timeout = self._timeout if self._timeout != default_pg_timeout else None
         self.model, optimizer = dearcomm.wrap(self.model, self._user_optimizer, max_grad_norm=clip_in_step,
-                                              **self._dear_options)
+                                              timeout=timeout, **self._dear_options)
         self.optimizers = [optimizer]  # LR schedulers keep working: it shares param_groups with the user's
         precision.adapt(self.precision_plugin, clip_in_step)
 
@@ -137,12 +141,12 @@ class DearStrategy(DDPStrategy):
         super().on_train_start()
         callbacks = self.lightning_module.trainer.callbacks
         callbacks[:] = [c for c in callbacks if not isinstance(c, _FinishStepBeforeAveraging)]  # a second fit()
-        averaging = [c for c in callbacks if isinstance(c, WeightAveraging)]
+        averaging = [c for c in callbacks if isinstance(c, (WeightAveraging, StochasticWeightAveraging))]
         if averaging and isinstance(self.model, DearModule) and self.schedule != "wfbp":
-            # Before them in the callback list: their on_train_batch_end reads the parameters.
-            callbacks.insert(0, _FinishStepBeforeAveraging(self.model))
-            log.info("dearcomm: %s reads the parameters after every step, so DearStrategy finishes each step's "
-                     "all-gathers before it (the next forward no longer overlaps them); an EMA from "
+            # Before them in the callback list: they read the parameters at a batch's or an epoch's end.
+            callbacks.insert(0, _FinishStepBeforeAveraging(self.model, averaging))
+            log.info("dearcomm: %s reads the parameters after the steps it averages, so DearStrategy finishes those "
+                     "steps' all-gathers before it (the next forward no longer overlaps them); an EMA from "
                      "model.register_update_hook keeps the overlap (docs/guide.md)", type(averaging[0]).__name__)
 
     def configure_ddp(self) -> None:
@@ -173,11 +177,15 @@ class DearStrategy(DDPStrategy):
         super().on_exception(exception)
 
     def teardown(self) -> None:
-        if isinstance(self.model, DearModule) and not self._failed:
-            self._unwrap()
-        # After a failure nothing is unwrapped: gathering the optimizer's state
-        # is a collective that the failed peer never joins (it waited for the
-        # group's timeout, minutes, before the failure could be seen).
+        if isinstance(self.model, DearModule):
+            if self._failed:
+                # No collective: the failed peer never joins one (gathering the
+                # optimizer's state waited for the group's timeout, minutes).
+                self.model._detach(finish=False)
+                self.optimizers = [self._user_optimizer]
+            else:
+                self._unwrap()
+        self._failed = False
         precision.restore(self.precision_plugin)
         super().teardown()
 
@@ -199,27 +207,38 @@ class DearStrategy(DDPStrategy):
 
 class _FinishStepBeforeAveraging(Callback):
     """Lightning's WeightAveraging callbacks (EMAWeightAveraging) read every
-    parameter at each batch's end, where under schedule="dear" the step's
-    all-gathers are still writing them: each rank averaged its own shard new
-    and the rest old, and the ranks' averages parted."""
+    parameter at a batch's end where they update, StochasticWeightAveraging
+    at an epoch's start and end; under schedule="dear" the last step's
+    all-gathers are then still writing them: each rank averaged its own
+    shard new and the rest old, and the ranks' averages parted."""
 
-    def __init__(self, model: DearModule) -> None:
-        self._model = model
+    def __init__(self, model: DearModule, averaging: List[Callback]) -> None:
+        self._model, self._averaging = model, averaging
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def _sync(self) -> None:
         if isinstance(self._model, DearModule) and not self._model._dear.closed:
             self._model.sync()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step_idx = trainer.global_step - 1  # as WeightAveraging asks should_update
+        if any(isinstance(c, WeightAveraging) and c.should_update(step_idx=step_idx) for c in self._averaging):
+            self._sync()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._sync()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._sync()
 
 
 def _refuse_planning_at_first_forward(options: Dict[str, Any]) -> None:
     """What plans at the first training forward profiles the model by calling
     it again with that forward's arguments; under Lightning those are
     training_step's, and the call reaches forward()."""
-    planned = [f"{name}='auto'" for name, value in options.items() if value == "auto"]
-    if options["schedule"] == "usbyte" and options["blocks"] is None:
-        planned.append("schedule='usbyte' without blocks")
-    if options["schedule"] == "deft" and options["delays"] is None:
-        planned.append("schedule='deft' without delays")
+    start, auto, _ = resolve_options(**dict(options))
+    planned = [f"{name}='auto'" for name in auto]
+    if plans_itself(start):
+        planned.append(f"schedule={start.schedule!r} without its plan")
     if planned:
         raise ValueError(
             f"dearcomm: DearStrategy cannot take {', '.join(planned)}: these plan at the first training forward by "
