@@ -63,8 +63,6 @@ from ._weak import weakly
 
 logger = logging.getLogger("dearcomm")
 
-# DDP's size for coalesced buffer broadcasts.
-
 # Called with [(name, parameter), ...] of one bucket once its parameters hold
 # the result of the last optimizer.step().
 UpdateHook = Callable[[List[Tuple[str, nn.Parameter]]], None]

@@ -8,6 +8,15 @@
 namespace dearcomm::core {
 namespace {
 
+// What each of the two checks that meet these mistakes says.
+constexpr const char* kSecondGradient =
+    "' got a second gradient before optimizer.step(); call optimizer.step() after every backward, or run the "
+    "backwards that accumulate under model.no_sync() (Lightning's manual optimization: "
+    "self.trainer.strategy.block_backward_sync())";
+constexpr const char* kStepWithoutBackward =
+    "dearcomm: optimizer.step() called without a backward since the last step (a backward inside model.no_sync() "
+    "does not count: run the last micro-batch's backward outside it)";
+
 std::vector<int64_t> delays_of(const SchedulePolicy* policy, int64_t num_buckets) {
   std::vector<int64_t> delays(num_buckets, 0);
   for (int64_t b = 0; policy && b < num_buckets; ++b) {
@@ -113,9 +122,7 @@ void Executor::grad_ready(int64_t param) {
   }
   // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
   DEARCOMM_CORE_CHECK(state() != IterationState::kReduced, std::runtime_error, "dearcomm: parameter '",
-                      names_[param], "' got a second gradient before optimizer.step(); call optimizer.step() after "
-                      "every backward, or run the backwards that accumulate under model.no_sync() (Lightning's "
-                      "manual optimization: self.trainer.strategy.block_backward_sync())");
+                      names_[param], kSecondGradient);
   DEARCOMM_CORE_CHECK(state() == IterationState::kIdle || state() == IterationState::kBackward, std::runtime_error,
                       "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state()),
                       "; backward must not run inside optimizer.step()");
@@ -123,9 +130,7 @@ void Executor::grad_ready(int64_t param) {
     begin_backward();
   }
   DEARCOMM_CORE_CHECK(!grad_ready_[param], std::runtime_error, "dearcomm: parameter '", names_[param],
-                      "' got a second gradient before optimizer.step(); call optimizer.step() after "
-                      "every backward, or run the backwards that accumulate under model.no_sync() (Lightning's "
-                      "manual optimization: self.trainer.strategy.block_backward_sync())");
+                      kSecondGradient);
   device_.accept_grad(param);
   grad_ready_[param] = true;
   const Layout::Param& span = layout_.params[param];
@@ -238,8 +243,7 @@ void Executor::finish_reductions() {
     return;  // already finished, e.g. by gradient clipping before step()
   }
   DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
-                      "dearcomm: optimizer.step() called without a backward since the last step (a backward inside "
-                      "model.no_sync() does not count: run the last micro-batch's backward outside it)");
+                      kStepWithoutBackward);
   end_backward();
   if (state() == IterationState::kReduced) {
     return;  // end_backward waited for them
@@ -286,8 +290,7 @@ void Executor::step_done(int64_t b) {
 
 void Executor::begin_step(bool averages_needed) {
   DEARCOMM_CORE_CHECK(state() != IterationState::kIdle && state() != IterationState::kGathering, std::runtime_error,
-                      "dearcomm: optimizer.step() called without a backward since the last step (a backward inside "
-                      "model.no_sync() does not count: run the last micro-batch's backward outside it)");
+                      kStepWithoutBackward);
   if (averages_needed || finished_by(Moment::kStepBegins)) {
     finish_reductions();
   }

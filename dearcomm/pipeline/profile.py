@@ -192,9 +192,7 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
     import torch
 
     children = sequential_children(model, "profile_sequential()")
-    if not isinstance(sample, torch.Tensor) or sample.dim() == 0 or sample.shape[0] == 0:
-        raise ValueError("dearcomm: profile_sequential() times one micro-batch: `sample` must be a tensor with at "
-                         f"least one sample along dim 0, got {_shape_of(sample)}")
+    check_microbatch(sample, "profile_sequential()'s `sample`")
     fwd = [[] for _ in children]
     bwd = [[] for _ in children]
     acts: List[float] = [0.0] * len(children)
@@ -232,6 +230,13 @@ def profile_sequential(model, sample, target=None, loss_fn: Optional[Callable] =
     return chain(name, layers)
 
 
-def _shape_of(value) -> str:
-    shape = getattr(value, "shape", None)
-    return f"shape {tuple(shape)}" if shape is not None else type(value).__name__
+def check_microbatch(sample, what: str) -> None:
+    """One micro-batch of inputs, as the profiler and the runtime take it: a
+    tensor with at least one sample along dim 0."""
+    import torch
+
+    if not isinstance(sample, torch.Tensor) or sample.dim() == 0 or sample.shape[0] == 0:
+        shape = getattr(sample, "shape", None)
+        got = f"shape {tuple(shape)}" if shape is not None else type(sample).__name__
+        raise ValueError(f"dearcomm: {what} is one micro-batch of inputs: a tensor with at least one sample along "
+                         f"dim 0, got {got}")

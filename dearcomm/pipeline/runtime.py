@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .plan import BACKWARD, FORWARD, Plan, check_runs_through
-from .profile import first_input, sequential_children
+from .profile import check_microbatch, first_input, sequential_children
 
 
 class PipelineRuntime:
@@ -190,9 +190,7 @@ class PipelineRuntime:
 def _check_locally(plan: Plan, children: List[nn.Module], sample: torch.Tensor, world: int) -> None:
     """What each rank can check on its own: the sample, and a plan that fits
     this model and world and whose orders do not deadlock."""
-    if not isinstance(sample, torch.Tensor) or sample.dim() == 0 or sample.shape[0] == 0:
-        raise ValueError("dearcomm: PipelineRuntime's sample_microbatch is one micro-batch of inputs, a tensor "
-                         "with at least one sample along dim 0")
+    check_microbatch(sample, "PipelineRuntime's sample_microbatch")
     if not isinstance(plan, Plan):
         raise TypeError(f"dearcomm: PipelineRuntime takes a dearcomm.pipeline.Plan, got {type(plan).__name__}")
     used = max((d for g in plan.devices for d in g), default=-1) + 1

@@ -11,6 +11,7 @@ any other model's state, as they were).
 """
 from __future__ import annotations
 
+import collections
 import weakref
 
 import torch
@@ -40,11 +41,7 @@ class _CopiedStateDict:
         state = self._get_state_dict(model, *args, **kwargs)
         if state is None or not isinstance(model, DearModule):
             return state
-        storages = {}
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                key = value.untyped_storage().data_ptr()
-                storages[key] = storages.get(key, 0) + 1
-        return {name: value.clone() if isinstance(value, torch.Tensor) and value.numel()
-                and storages[value.untyped_storage().data_ptr()] > 1 else value
-                for name, value in state.items()}
+        storage_of = {name: value.untyped_storage().data_ptr() for name, value in state.items()
+                      if isinstance(value, torch.Tensor) and value.numel()}
+        holders = collections.Counter(storage_of.values())
+        return {name: value.clone() if holders[storage_of.get(name)] > 1 else value for name, value in state.items()}
