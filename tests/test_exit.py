@@ -268,6 +268,49 @@ def test_collectives_hold_no_python_objects():
             f"rank {rank}: references held by the collectives launched during backward: {counts}"
 
 
+def _primitive_probe(rank, world_size):
+    """For each of the CPU backend's primitives (the benchmarks' _C calls on
+    tensors made in Python): how many of the tensors passed in the pending
+    collective keeps alive once Python dropped them. Its Works and the
+    poster's job end on other threads, whenever they finish: what they hold
+    must not need the GIL to be freed."""
+    import gc
+
+    from dearcomm import _C
+
+    plain = _C.process_group_backend(torch.distributed.group.WORLD)
+    ordered = _C.process_group_backend(torch.distributed.group.WORLD)
+    _C.keep_issue_order(ordered)
+    calls = {
+        "all_reduce": lambda full, shard: _C.all_reduce(plain, full),
+        "all_reduce (issue order)": lambda full, shard: _C.all_reduce(ordered, full),
+        "reduce_scatter": lambda full, shard: _C.reduce_scatter(plain, full, shard),
+        "all_gather": lambda full, shard: _C.all_gather(plain, shard, full),
+    }
+    alive = {}
+    for name, call in calls.items():
+        full, shard = torch.ones(4 * world_size), torch.ones(4)
+        refs = [weakref.ref(full), weakref.ref(shard)]
+        handle = call(full, shard)
+        del full, shard
+        gc.collect()
+        alive[name] = sum(ref() is not None for ref in refs)
+        handle.wait()
+    return alive
+
+
+def test_primitives_hold_no_tensor_python_owns():
+    """A gloo worker or the poster thread may drop a collective's Works last;
+    if they held a tensor made in Python (or a view of one: its base), that
+    thread took the GIL to free it, and at interpreter exit the process
+    aborted ("terminate called without an active exception"): a 2-rank
+    script of _C.all_reduce calls on Python tensors, then exiting, did so in
+    6 of 10 runs. Collectives work on tensors over the same memory that refer
+    to no Python object (process_group_backend.cpp's same_memory)."""
+    for rank, alive in enumerate(run_workers(_primitive_probe, 2)):
+        assert not any(alive.values()), f"rank {rank}: tensors kept alive by pending collectives: {alive}"
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Runs many short jobs and counts those that do not exit with 0.")
     parser.add_argument("--runs", type=int, default=150)

@@ -174,6 +174,16 @@ int ordered_override() {
   return value == nullptr ? -1 : std::string(value) == "0" ? 0 : 1;
 }
 
+// A tensor over `t`'s memory that refers to no other tensor. A view keeps
+// its base alive, and where Python owns the base (a buffer made in Python and
+// passed to _C.all_reduce), the thread that drops the view last takes the GIL
+// to release it: gloo's worker or the poster, which at interpreter exit
+// aborts the process (python_tls.h). Every collective works on these, so
+// nothing it keeps after the call returns refers to a Python object.
+at::Tensor same_memory(const at::Tensor& t) {
+  return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
 // out = the sum of the ranks' copies of one chunk: `own`, this rank's, and
 // row j of `rows`, rank j's (row `rank` is free for `own`). With two ranks one
 // add, own + other: the same sum in either rank's order (float addition
@@ -214,7 +224,7 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
   // Every message of one exchange has the same size, so both ends cut it into
   // the same pieces; tags are (exchange number, piece), the same on every rank
   // because every rank calls exchange() in the same order. The pieces are
-  // views cut here: the job holds no tensor Python can see (poster.h).
+  // cut from the callers' same_memory(): the job holds nothing Python owns (poster.h).
   struct Piece {
     int peer;
     int tag;
@@ -262,7 +272,9 @@ at::Tensor ProcessGroupBackend::scratch_for(const at::Tensor& buffer) {
   return scratch;
 }
 
-std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input, const at::Tensor& output) {
+std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at::Tensor& input_tensor,
+                                                                      const at::Tensor& output_tensor) {
+  const at::Tensor input = same_memory(input_tensor), output = same_memory(output_tensor);
   const int64_t p = world_size();
   const int64_t shard = output.numel();
   TORCH_CHECK(input.numel() == shard * p,
@@ -282,7 +294,9 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::reduce_scatter(const at:
   });
 }
 
-std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input, const at::Tensor& output) {
+std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Tensor& input_tensor,
+                                                                  const at::Tensor& output_tensor) {
+  const at::Tensor input = same_memory(input_tensor), output = same_memory(output_tensor);
   const int64_t p = world_size();
   const int64_t shard = input.numel();
   TORCH_CHECK(output.numel() == shard * p,
@@ -296,7 +310,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_gather(const at::Ten
 }
 
 std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const at::Tensor& tensor) {
-  const at::Tensor buffer = tensor.view({-1});  // contiguous (all_reduce checked): chunks along its elements
+  const at::Tensor buffer = same_memory(tensor).view({-1});  // contiguous (all_reduce checked): chunks along its elements
   const int p = world_size();
   const int r = rank();
   const int64_t shard = buffer.numel() / p;
@@ -320,10 +334,8 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
                 received = std::move(received), summands = scratch.view({p, shard}), posting]() mutable {
     WithoutPythonTLS no_python_objects;
     NoProfilerRecordInWorks no_records;
-    // Everything that holds the caller's buffer goes before the caller is told:
-    // a view of a tensor Python owns releases it with the GIL, which the caller
-    // may hold once it stops waiting (and, destroying the backend, wait for
-    // this thread: poster.h).
+    // Everything that holds the caller's memory goes before the caller is
+    // told: a finished collective keeps none of it.
     auto release = [&] {
       chunks.clear();
       received.clear();
@@ -398,7 +410,7 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::all_reduce(const at::Ten
   }
   WithoutPythonTLS no_python_objects;  // in the Work and its future's callbacks: see python_tls.h
   NoProfilerRecordInWorks no_records;
-  std::vector<at::Tensor> tensors{buffer};
+  std::vector<at::Tensor> tensors{same_memory(buffer)};  // gloo's thread may drop the Work last
   auto posting = std::make_shared<Posting>();  // gloo's own threads run it: posted at once
   posting->complete({group_->allreduce(tensors)});
   return std::make_unique<WorkHandle>(std::move(posting), "all-reduce");
