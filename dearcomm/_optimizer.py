@@ -60,6 +60,7 @@ class DistributedOptimizer(Optimizer):
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
         runtime.on_engine_built.append(self._update.on_engine_built)
         runtime.on_reconfigure.append(self._follow_update_strategy)
+        runtime.on_step_skipped.append(self._forget_pending_clip)
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
         self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
         self._pending_clip: Optional[Tuple[float, torch.Tensor, bool]] = None  # clip_grad_norm_'s, applied in step()
@@ -161,6 +162,9 @@ class DistributedOptimizer(Optimizer):
         self._user_post_hooks()
         return None
 
+    def _forget_pending_clip(self) -> None:
+        self._pending_clip = None  # the skipped step's norm
+
     def _user_post_hooks(self) -> None:
         for hook in list(self.optimizer._optimizer_step_post_hooks.values()):
             hook(self.optimizer, (), {})
@@ -171,7 +175,8 @@ class DistributedOptimizer(Optimizer):
             raise RuntimeError(
                 f"dearcomm: .grad of {changed[0]!r}{f' and {len(changed) - 1} more' if len(changed) > 1 else ''} "
                 "was changed after backward (e.g. by torch.nn.utils.clip_grad_norm_ (after scaler.unscale_ too), "
-                f"or zero_grad() before step()). With schedule={self._runtime.options.schedule!r} .grad "
+                "or some .grad zeroed before step(); zero_grad() of every parameter skips the step). "
+                f"With schedule={self._runtime.options.schedule!r} .grad "
                 "holds this rank's local gradient; what step() applies was reduced during backward, so the change "
                 "would be lost. "
                 "Clip with optimizer.clip_grad_norm_(max_norm) between backward and step(), or "

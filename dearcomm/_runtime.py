@@ -130,6 +130,7 @@ class DearRuntime:
         # The optimizer's part of reconfigure(): called while the old engine
         # exists (its state in full form); what it returns, once the new options are in.
         self.on_reconfigure: List[Callable[[], Callable[[], None]]] = []
+        self.on_step_skipped: List[Callable[[], None]] = []  # zero_grad() between backward and step()
         self.planning = False  # wrap()'s "auto" profiles the model: the hooks stand aside
         self.auto = None  # an AutoPlanner where some option of wrap() is "auto"
         self.delayed = DelayedUpdates(self)  # deft's checkpoints and guard (_delayed.py); idle without delays
@@ -574,6 +575,9 @@ class DearRuntime:
                     others.append(param)
                 else:
                     mine.append(i)
+            if len(set(mine)) == len(self.params) and not self._end_of_backward_queued and \
+                    engine.state in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
+                self._skip_step()  # a backward that raised midway is named at the next forward instead
             others += [self.params[i] for i in engine.zero_grads(mine, set_to_none)]
         for param in others:  # torch's zero_grad, for every .grad that is no bucket view
             if param.grad is None:
@@ -586,6 +590,24 @@ class DearRuntime:
                 else:
                     param.grad.requires_grad_(False)
                 param.grad.zero_()
+
+    def _skip_step(self) -> None:
+        """Every gradient zeroed between a backward and step(): the step is
+        skipped, as GradScaler skips one (the reductions finish, nothing is
+        applied, the parameters stay current), and the next backward starts
+        a new iteration. The loop that skips a step where the gradient norm is
+        not finite runs as under DDP; every rank must skip the same steps."""
+        if self.delayed.delays:
+            raise NotImplementedError(
+                "dearcomm: zero_grad() between backward and step() skips the step, which schedule='deft' with "
+                "delayed buckets cannot do: a delayed gradient of an earlier backward is applied at this step. "
+                "Skip steps with wrap(..., max_delay=0), or call step()")
+        self.engine.begin_step(averages_needed=True)
+        self.forget_grad_versions()
+        self.engine.skip_step()
+        for callback in self.on_step_skipped:
+            callback()
+        self.after_step()
 
     def sync(self) -> None:
         if self.engine is not None:
@@ -614,6 +636,7 @@ class DearRuntime:
         self._engine_group = None  # its connections go with the engine
         self.closed = True
         self.on_engine_built.clear()
+        self.on_step_skipped.clear()
         self._update_hooks.clear()
 
 

@@ -250,6 +250,22 @@ def test_a_grad_scaler_is_refused_while_buckets_are_delayed():
         assert message and "GradScaler" in message and "max_delay=0" in message
 
 
+def skip_worker(rank, world_size):
+    model, optimizer = build("sgd", DELAYS["input-side"])[:2]
+    tokens, labels = next(batches(1, global_batch(world_size)))
+    F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
+    try:
+        optimizer.zero_grad()  # between backward and step(): skips the step
+    except NotImplementedError as e:
+        return str(e)
+    return None
+
+
+def test_skipping_a_step_is_refused_while_buckets_are_delayed():
+    for message in run_workers(skip_worker, 2):
+        assert message and "skips the step" in message and "max_delay=0" in message
+
+
 # ---- a job that plans its own delays -------------------------------------------------------------
 
 

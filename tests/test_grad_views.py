@@ -186,19 +186,24 @@ def refusal_worker(rank, world_size):
         if change == "one_grad":
             model.head.weight.grad.mul_(2.0)
             message = r"\.grad of 'head\.weight' was changed after backward"  # that one only, not its bucket
-        else:
+        elif change == "some_zeroed":
+            for param in list(model.parameters())[:2]:
+                param.grad.zero_()
+            message = r"\.grad of '[\w.]+' and 1 more was changed after backward"
+        else:  # every .grad: the step is skipped, and step() has nothing to apply
             optimizer.zero_grad(set_to_none=change == "set_to_none")
-            message = r"\.grad of '[\w.]+' and \d+ more was changed after backward"
+            message = r"without a backward since the last step.*zero_grad\(\) between a backward and step\(\) skips"
         with pytest.raises(RuntimeError, match=message):
             optimizer.step()
 
-    changes = ("one_grad", "zero_fill", "set_to_none")
+    changes = ("one_grad", "some_zeroed", "zero_fill", "set_to_none")
     return each_case([(u, c) for u in ("sharded", "replicated") for c in changes], run)
 
 
 def test_grad_changed_after_backward_is_refused_per_parameter():
-    """Guards against the engine's own fill of a bucket going unnoticed
-    (zero_grad() between backward and step() silently ignored), and against
+    """Guards against a change of .grad going unnoticed (some .grad zeroed,
+    or zero_grad() between backward and step() taken for neither a change nor
+    a skipped step), and against
     views sharing one version counter: a write to one .grad must name that
     parameter, and the engine's writes to the bucket must not count as the
     user's (that would make every normal step raise)."""

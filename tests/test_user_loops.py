@@ -143,6 +143,51 @@ def test_torch_clip_grad_norm_matches_ddp_with_wfbp_and_is_refused_with_dear():
     assert_no_failures(run_workers(torch_clip_worker, 2))
 
 
+# ---- skipping a step after backward -------------------------------------------------
+
+def skip_worker(rank, world_size):
+    """The loop that skips a step whose gradient norm is not finite, as under
+    DDP: backward, the global norm, then zero_grad() and on to the next batch
+    instead of step(). Rank 1's loss is inf at step 2 only, so every rank sees
+    an inf norm there; the reference skips the same step. Each way of
+    zeroing: optimizer.zero_grad() (set_to_none either way) and model.zero_grad().
+    A step() right after such a zero_grad() has nothing to apply and says why."""
+    def run(schedule, update, bucket_mb):
+        for zero in ("optimizer", "optimizer-keep", "model"):
+            model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+            for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
+                bad = step == 2
+                loss = local_loss(model, x, y, rank, world_size)
+                (loss * float("inf") if bad and rank == 1 else loss).backward()
+                norm = optimizer.clip_grad_norm_(1e6)
+                ref_loss = F.cross_entropy(reference(x), y)
+                (ref_loss * float("inf") if bad else ref_loss).backward()
+                ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e6)
+                assert torch.isfinite(norm) == torch.isfinite(ref_norm) == (not bad), (step, norm, ref_norm)
+                if not torch.isfinite(norm):
+                    if zero == "model":
+                        model.zero_grad()
+                    else:
+                        optimizer.zero_grad(set_to_none=zero == "optimizer")
+                    ref_opt.zero_grad()
+                    if zero == "model":
+                        with pytest.raises(RuntimeError, match="zero_grad\\(\\) between a backward and step\\(\\) skips"):
+                            optimizer.step()
+                    continue
+                optimizer.step()
+                optimizer.zero_grad()
+                ref_opt.step()
+                ref_opt.zero_grad()
+            model.sync()
+            assert_same_parameters(model, reference, f"{zero}, bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero_grad_after_backward_skips_the_step_on_every_rank(world_size):
+    assert_no_failures(run_workers(skip_worker, world_size, deadline=300))
+
+
 # ---- item 4: EMA from the update hook ----------------------------------------------
 
 def ema_worker(rank, world_size):

@@ -15,7 +15,8 @@ constexpr const char* kSecondGradient =
     "self.trainer.strategy.block_backward_sync())";
 constexpr const char* kStepWithoutBackward =
     "dearcomm: optimizer.step() called without a backward since the last step (a backward inside model.no_sync() "
-    "does not count: run the last micro-batch's backward outside it)";
+    "does not count: run the last micro-batch's backward outside it; zero_grad() between a backward and step() "
+    "skips that step, so call it before backward or after step())";
 
 std::vector<int64_t> delays_of(const SchedulePolicy* policy, int64_t num_buckets) {
   std::vector<int64_t> delays(num_buckets, 0);
