@@ -17,6 +17,23 @@ from .base import UpdateStrategy, refuse_nonfinite
 CLIP_NORM = "optimizer.clip_grad_norm_'s all-reduce of the norm (call it on every rank)"
 
 
+NORM_CHUNK = 1 << 15
+"""Elements per partial norm in flat_norm."""
+
+
+def flat_norm(flat: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """The ``norm_type`` norm of a 1-d tensor, as the norm of the norms of
+    its NORM_CHUNK-element pieces. torch's fp32 norm of a whole bucket shard
+    sums millions of squares in one accumulator: 1.7e-4 off at 6M elements
+    on a CPU (1e-5 at 1M), so clipping scaled by another factor than DDP's,
+    whose norms are per tensor. In pieces: 2e-8, in half the time."""
+    rows = flat.numel() // NORM_CHUNK
+    parts = [torch.linalg.vector_norm(flat[rows * NORM_CHUNK:], norm_type).reshape(1)]
+    if rows:
+        parts.append(torch.linalg.vector_norm(flat[:rows * NORM_CHUNK].view(rows, NORM_CHUNK), norm_type, dim=1))
+    return torch.linalg.vector_norm(torch.cat(parts), norm_type)
+
+
 class AveragesInShards(UpdateStrategy):
     averaged_in_grad = False
     checks_grad_versions = True
@@ -45,7 +62,7 @@ class AveragesInShards(UpdateStrategy):
         norm_type = float(norm_type)
         engine, group = self.runtime.engine, self.runtime.group
         parts = [engine.own_part(b) for b in range(len(engine.layout.buckets))]
-        local = torch.stack([torch.linalg.vector_norm(p.float(), norm_type) for p in parts])
+        local = torch.stack([flat_norm(p.float(), norm_type) for p in parts])
         if norm_type == float("inf"):
             total = local.max()
             within(self.runtime.timeout, CLIP_NORM, dist.all_reduce, total, op=dist.ReduceOp.MAX, group=group)
