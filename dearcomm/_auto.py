@@ -74,7 +74,7 @@ from ._options import SCHEDULES, WrapOptions
 from .contention import NotFitted, measure_contention, with_contention
 from ._lockstep import PeerFailed
 from .prediction import KINDS, Network, bucket_layout
-from .network_probe import probe_network
+from .network_probe import NetworkNotFitted, probe_network
 from .profiler import TrainingProfile, profile_calls
 from .usbyte import plan_job
 from ._rank0 import rank0s
@@ -87,7 +87,9 @@ AUTO_OPTIONS = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
 """wrap()'s options that take "auto"."""
 
 DRIFT = 0.25
-"""Re-plan when the median measured iteration is this fraction off the prediction."""
+"""Re-plan when the median measured iteration is this fraction off the
+chosen candidate's measured time (its trials', or with a single candidate
+its first window's)."""
 WINDOW = 20
 """Steps per drift check (their median is compared)."""
 WARMUP = 5
@@ -404,6 +406,7 @@ class AutoPlanner:
         self.plans: List[AutoPlan] = []
         self._plan_due = True
         self._expected_ms: Optional[float] = None  # what measured iterations are compared with
+        self._baseline_due = False  # the next window's median becomes _expected_ms
         self._replan_reason = ""
         self._steps = 0
         self._measure_from = WARMUP
@@ -432,15 +435,34 @@ class AutoPlanner:
 
     def _plan(self, module: nn.Module, args, kwargs) -> None:
         reason = "first training forward" if not self.plans else self._replan_reason
+        runtime = self.runtime
+        if runtime.world_size == 1:  # nothing to communicate: every layout trains alike
+            if runtime.rank == 0:
+                logger.info("dearcomm: auto: one rank, nothing to communicate; training with %s",
+                            _describe({name: getattr(runtime.options, name) for name in self.auto}))
+            return
         started = time.perf_counter()
-        profile, network = measure_job(self.runtime, module, self.optimizer, args, kwargs)
+        try:
+            profile, network = measure_job(runtime, module, self.optimizer, args, kwargs)
+        except NetworkNotFitted as e:  # on every rank alike; the model's own failures raise (ProfilingFailed)
+            if runtime.rank == 0:
+                logger.warning("dearcomm: auto could not measure the network at its %s (%s); training on with %s, "
+                               "without planning again", reason, e,
+                               _describe({name: getattr(runtime.options, name) for name in self.auto}))
+            self._expected_ms, self._baseline_due = None, False  # no drift check: nothing to plan with
+            return
         plan = self._plan_on_rank0(profile, network, reason, started)
         self.plans.append(plan)
         if self.runtime.rank == 0:
             logger.info("%s", plan)
         self._train_with(plan.shortlist[0][0])
         self._trying = not plan.decided
-        self._expected_ms = plan.predicted_ms
+        # One candidate, nothing measured: its first window is what later ones
+        # are compared with. Compared with the prediction instead, a model the
+        # simulator prices 2x off re-planned (probe, profile) to the same
+        # choice at every window up to MAX_REPLANS.
+        self._expected_ms = None
+        self._baseline_due = plan.decided
         # WARMUP steps before the first trial too: a job's first steps run
         # slow (the optimizer's state allocated, memory settling). With one,
         # the first candidate, the predicted best, measured slowest against its
@@ -457,7 +479,7 @@ class AutoPlanner:
 
     def keep(self) -> None:
         """A checkpoint's deft plan was loaded: train with it, plan no more."""
-        self._plan_due = self._trying = False
+        self._plan_due = self._trying = self._baseline_due = False
         self._switch_to = None
         self._expected_ms = None  # nothing measured to compare with: no drift check
 
@@ -487,10 +509,13 @@ class AutoPlanner:
             if len(self._iteration_ms) >= TRIAL_STEPS:
                 self._trial_ended(self._agreed_median())
             return
-        if len(self._iteration_ms) < WINDOW or self._expected_ms is None:
+        if len(self._iteration_ms) < WINDOW or (self._expected_ms is None and not self._baseline_due):
             return
         measured = self._agreed_median()
         self._iteration_ms.clear()
+        if self._baseline_due:
+            self._expected_ms, self._baseline_due = measured, False
+            return
         if abs(measured / self._expected_ms - 1) > DRIFT and len(self.plans) <= MAX_REPLANS:
             self._replan_reason = (f"measured {measured:.2f} ms per iteration vs {self._expected_ms:.2f} ms "
                                    f"expected at step {self._steps}")
@@ -587,7 +612,7 @@ def measure_job(runtime, module: nn.Module, optimizer: torch.optim.Optimizer, ar
     share its cores). The hooks stand aside; gradients
     and buffers are put back as they were. Collectives: every rank calls it."""
     runtime.sync()  # parameters current before they are profiled
-    network = probe_network(runtime.group, next(module.parameters()).device).network
+    network = probe_network(runtime.group, next(module.parameters()).device).network  # may raise NetworkNotFitted
     grads = {p: p.grad for p in module.parameters()}  # profiling must not touch accumulated gradients
     # Nor buffers: BatchNorm's running statistics and counts move in every training forward.
     buffers = [(b, b.detach().clone()) for b in module.buffers()]

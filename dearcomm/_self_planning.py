@@ -5,8 +5,9 @@ apply late, dearcomm.deft). Every rank times the collectives
 (network_probe) and profiles its compute (as wrap()'s "auto" does,
 _auto.measure_job); rank 0 plans, and every rank trains with rank 0's plan
 from that forward on. Where some rank cannot profile (a parameter without a
-gradient on its batch), every rank trains without a plan (the schedule's
-defaults) and rank 0 logs why."""
+gradient on its batch), or no try of the network probe could be fitted,
+every rank trains without a plan (the schedule's defaults) and rank 0 logs
+why."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +21,7 @@ from . import deft, usbyte
 from ._auto import ProfilingFailed, measure_job
 from ._rank0 import rank0s
 from ._runtime import _weak_hook
+from .network_probe import NetworkNotFitted
 
 logger = logging.getLogger("dearcomm")
 
@@ -66,7 +68,7 @@ class SelfPlanner:
         self.handle.remove()
         try:
             profile, network = measure_job(runtime, module, self.optimizer, args, kwargs)
-        except ProfilingFailed as e:  # on every rank alike
+        except (ProfilingFailed, NetworkNotFitted) as e:  # on every rank alike
             if runtime.rank == 0:
                 logger.warning("dearcomm: %s could not profile the job (%s); it trains without a plan: %s",
                                self.schedule, e, PLANNERS[self.schedule][1])

@@ -42,6 +42,16 @@ from .prediction import KINDS, ORDERED_ALL_REDUCE
 if TYPE_CHECKING:
     from .network_fit import NetworkFit
 
+PROBE_TRIES = 3
+"""Timings whose fit fails (a stall made a small size slower than a large
+one) are taken again, up to this many times in all."""
+
+
+class NetworkNotFitted(ValueError):
+    """probe_network's timings could not be fitted in PROBE_TRIES tries
+    (raised on every rank alike)."""
+
+
 PROBE_BYTES = (256 * 1024, 2 * 1024 * 1024, 16 * 1024 * 1024)
 """Buffer sizes timed: they bracket the bucket sizes the planner tries (1–64
 MiB), and the smallest shows the per-step latency α."""
@@ -149,23 +159,33 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         plain, ordered = cpu_backend(group), cpu_backend(group)
         _C.keep_issue_order(ordered)
         backends = {**{kind: plain for kind in KINDS}, ORDERED_ALL_REDUCE: ordered}
-    rows = []
-    for nbytes in sizes:
-        full, shard = _buffers(nbytes, world_size, device)
-        for kind, backend in backends.items():
-            time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
-            rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us, cpu_us=cpu_us))
-    full, shard = _buffers(HOST_BYTES, world_size, device)
-    host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
-                   for kind, backend in backends.items()}
-    host_bytes = full.numel() * 4
-    # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
-    rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
-    # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
-    # link's burst allowance passes the smallest size faster than its rate.
     from .network_fit import fit_network  # not at import: `python -m dearcomm.network_fit` would run a second copy
 
-    fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
+    for attempt in range(1, PROBE_TRIES + 1):
+        rows = []
+        for nbytes in sizes:
+            full, shard = _buffers(nbytes, world_size, device)
+            for kind, backend in backends.items():
+                time_us, cpu_us = _timed(kind, full, shard, group, backend, repeats)
+                rows.append(dict(op=kind, bytes=full.numel() * 4, world_size=world_size, time_us=time_us,
+                                 cpu_us=cpu_us))
+        full, shard = _buffers(HOST_BYTES, world_size, device)
+        host_cpu_ms = {kind: _timed(kind, full, shard, group, backend, HOST_REPEATS, HOST_STATISTIC)[1] / 1e3
+                       for kind, backend in backends.items()}
+        host_bytes = full.numel() * 4
+        # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
+        rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
+        # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
+        # link's burst allowance passes the smallest size faster than its rate.
+        try:  # every rank fits rank 0's rows: all of them fail, and time again, alike
+            fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
+            break
+        except ValueError as e:
+            if attempt == PROBE_TRIES:
+                raise NetworkNotFitted(
+                    f"dearcomm: the network probe's timings could not be fitted in {PROBE_TRIES} tries ({e}): "
+                    f"a small collective took longer than a large one, as when other work takes this machine's "
+                    f"cores or link while it measures") from None
     host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
     _, host_ms_per_mib = fit_host_cpu({kind: [(1, host_bytes, cpu_ms)] + [(1, r["bytes"], r["cpu_us"] / 1e3)
                                                                            for r in rows if r["op"] == kind]

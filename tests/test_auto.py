@@ -488,3 +488,106 @@ def test_auto_profiles_a_model_with_unused_parameters_where_wrap_allows_them():
         for name, value in r["params"].items():
             torch.testing.assert_close(value, dict(model.named_parameters())[name].detach(), rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"rank {rank} {name}: {m}")
+
+
+def _trained_like_one_process(results, world_size, steps):
+    torch.manual_seed(0)
+    model = MixedNet()
+    optimizer = make_optimizer(model)
+    for x, y in batches(steps, global_batch(world_size)):
+        step_on_global_batch(model, optimizer, x, y)
+    for rank, r in enumerate(results):
+        for name, value in r["params"].items():
+            torch.testing.assert_close(value, dict(model.named_parameters())[name].detach(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
+
+
+class _Records(list):
+    def __init__(self):
+        super().__init__()
+        import logging
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.append(record.getMessage())
+        logging.getLogger("dearcomm").addHandler(self.handler)
+        logging.getLogger("dearcomm").setLevel(logging.INFO)
+
+
+def _unfittable_probe_worker(rank, world_size):
+    """Every probe of the network reads a small collective slower than a
+    large one (a stall on a busy machine): no α-β line fits."""
+    from dearcomm import network_probe
+
+    calls = []
+
+    def stalled(kind, full, shard, group, backend, repeats, *statistic):
+        calls.append(full.numel())
+        return 1e6 / full.numel(), 1.0  # µs: falls with size
+    network_probe._timed = stalled
+    logs = _Records()
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", bucket_mb="auto")
+    for x, y in batches(4, global_batch(world_size)):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+    model.sync()
+    return dict(plan=model.auto_plan(), schedule=model._dear.options.schedule, probes=len(calls), logs=list(logs),
+                params={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_auto_trains_on_with_its_defaults_where_the_network_cannot_be_fitted():
+    """The probe times again, and where no try fits, "auto" logs why and
+    trains with the options it started with (wrap()'s defaults), as usbyte
+    and deft do where they cannot profile: it raised at the first forward."""
+    from dearcomm.network_probe import PROBE_BYTES, PROBE_TRIES
+
+    results = run_workers(_unfittable_probe_worker, 2, deadline=120)
+    for rank, r in enumerate(results):
+        assert r["plan"] is None and r["schedule"] == "dear", r
+        kinds = r["probes"] // PROBE_TRIES // (len(PROBE_BYTES) + 1)
+        assert r["probes"] == PROBE_TRIES * (len(PROBE_BYTES) + 1) * kinds, f"rank {rank}: {r['probes']} timings"
+    assert any("auto could not measure the network" in m and "could not be fitted in 3 tries" in m
+               for m in results[0]["logs"]), results[0]["logs"]
+    _trained_like_one_process(results, 2, 4)
+
+
+def _one_rank_worker(rank, world_size):
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", bucket_mb="auto",
+                                     partition_mb="auto")
+    for x, y in batches(4, global_batch(world_size)):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+    model.sync()
+    return dict(plan=model.auto_plan(), params={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_auto_on_one_rank_keeps_the_defaults():
+    """One rank communicates nothing: "auto" does not probe a network (which
+    needs two ranks, and raised at the first forward) and trains as wrap()'s
+    defaults do."""
+    results = run_workers(_one_rank_worker, 1, deadline=120)
+    assert results[0]["plan"] is None
+    _trained_like_one_process(results, 1, 4)
+
+
+def _single_candidate_worker(rank, world_size):
+    _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0  # every window after the first "drifts"
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", update="sharded")
+    plans = []
+    for x, y in batches(7, global_batch(world_size)):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+        plans.append(len(model._dear.auto.plans))
+    return dict(shortlist=len(model._dear.auto.plans[0].shortlist), plans=plans)
+
+
+def test_a_single_candidate_is_compared_with_its_first_measured_window():
+    """With one candidate nothing is measured before training with it: its
+    first window (the iterations ending at steps 2 and 3 here) is what later
+    windows are compared with, not the prediction (a model the simulator
+    prices far off re-planned to the same choice at every window); the next
+    window that drifts from it (steps 4-5) re-plans at the forward after it."""
+    for rank, r in enumerate(run_workers(_single_candidate_worker, 2, deadline=180)):
+        assert r["shortlist"] == 1, r
+        assert r["plans"] == [1, 1, 1, 1, 1, 2, 2], f"rank {rank}: plans after each step {r['plans']}"
