@@ -215,8 +215,32 @@ def profile(model: nn.Module, batch: Any, optimizer: Optional[torch.optim.Optimi
     for name, value in (("iterations", iterations), ("warmup", warmup)):
         if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "iterations" else 0):
             raise ValueError(f"dearcomm: {name} must be an int >= {1 if name == 'iterations' else 0}, got {value!r}")
+    if optimizer is not None:
+        _check_optimizer(model, optimizer)
     return profile_calls(model, lambda: _loss(model, batch, loss_fn), optimizer, iterations=iterations,
                          warmup=warmup, group=group, find_unused_parameters=find_unused_parameters)
+
+
+def _check_optimizer(model: nn.Module, optimizer: Any) -> None:
+    """profile() steps ``optimizer`` as the model's own: the time of its step
+    is the profile's step_ms."""
+    if getattr(optimizer, "_runtime", None) is not None:  # DistributedOptimizer, by duck type: no import cycle
+        raise ValueError("dearcomm: profile() takes the plain model's own optimizer, not the one dearcomm.wrap() "
+                         "returned (that one steps the wrapped model, after its backward): build one over the plain "
+                         "model's parameters, e.g. torch.optim.AdamW(plain_model.parameters())")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"dearcomm: profile()'s optimizer must be a torch.optim.Optimizer (or None), "
+                        f"got {type(optimizer).__name__}")
+    trainable = {p for p in model.parameters() if p.requires_grad}
+    held = {p for group in optimizer.param_groups for p in group["params"]}
+    if not held & trainable:
+        raise ValueError("dearcomm: profile()'s optimizer holds none of the model's parameters (an optimizer of "
+                         "another model?); its step would not be the model's: pass one built over "
+                         "model.parameters()")
+    if trainable - held:
+        raise ValueError(f"dearcomm: profile()'s optimizer leaves {len(trainable - held)} of the model's "
+                         f"{len(trainable)} trainable parameters out; profile with the one optimizer that steps "
+                         f"them all (as wrap() takes)")
 
 
 def profile_calls(model: nn.Module, compute_loss: Callable[[], torch.Tensor],

@@ -4,6 +4,7 @@ measured on one process and read by dearcomm.simulate; profiles saved as JSON
 and checked field by field when loaded."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -338,6 +339,31 @@ def test_bad_calls_are_refused():
     for model in (_UsesOne(), _DetachesOne()):
         with pytest.raises(ValueError, match=r"2 parameter\(s\) got no gradient: \['(unused|a).weight', '\1.bias'\]"):
             dearcomm.profile(model, torch.randn(2, 4))
+    model = _UsesOne()
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer .* got str"):
+        dearcomm.profile(model, torch.randn(2, 4), "sgd")
+    with pytest.raises(ValueError, match="holds none of the model's parameters"):
+        dearcomm.profile(model, torch.randn(2, 4), torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="leaves 2 of the model's 4 trainable parameters out"):
+        dearcomm.profile(model, torch.randn(2, 4), torch.optim.SGD(model.used.parameters(), lr=0.1))
+
+
+def _wrapped_optimizer_worker(rank, world_size):
+    model = nn.Linear(4, 2)
+    plain = copy.deepcopy(model)
+    model, optimizer = dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        dearcomm.profile(plain, torch.randn(2, 4), optimizer)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_the_optimizer_wrap_returned_is_refused_by_name():
+    """What a user who wrapped first passes (the README's snippet did): its
+    step() failed with 'called without a backward since the last step'."""
+    message = run_workers(_wrapped_optimizer_worker, 1)[0]
+    assert message and "not the one dearcomm.wrap() returned" in message, message
 
 
 class _UsesOne(nn.Module):
