@@ -255,11 +255,11 @@ def claims(rows: List[Dict], profiles: Dict[str, ScaleProfile], tuned: bool) -> 
     for net, claimed, where in DEAR_CLAIMS:
         lines.append(f"DeAR (ICDCS 2023): up to {claimed:.2f}x over the best baseline, 64 GPUs, {where} "
                      f"(ResNet-50, DenseNet-201, Inception-v4, BERT-base, BERT-large)")
+        found = {m: r for m in DEAR_MODELS if (r := _find(rows, m, net, 64)) is not None}
+        if not found:
+            lines.append(f"  simulated: no 64-rank {net} row of {', '.join(DEAR_MODELS)}")
+            continue
         for key in keys:
-            found = {m: r for m in DEAR_MODELS if (r := _find(rows, m, net, 64)) is not None}
-            if not found:
-                lines.append(f"  simulated: no 64-rank {net} row of {', '.join(DEAR_MODELS)}")
-                continue
             per_model = {m: _dear_over_best_baseline(r, key) for m, r in found.items()}
             best = max(per_model, key=lambda m: per_model[m][0])
             top[(net, key)] = (per_model[best][0], best)
@@ -441,18 +441,31 @@ def where_time_goes(profile: ScaleProfile, networks: Iterable[str], world: int, 
 # ---- main --------------------------------------------------------------------------------------
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="results/at-scale", help="folder for at-scale.txt/.json/.png")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {','.join(MODELS)}")
-    parser.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", default="results/at-scale",
+                        help="folder for at-scale.txt/.json/.png (relative to the current directory)")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    parser.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)), help="comma-separated, each >= 2")
     parser.add_argument("--networks", default=",".join(NETWORKS + (NVLINK,)),
-                        help=f"presets; {NVLINK} only at {NVLINK_WORLD} ranks")
+                        help=f"comma-separated presets; {NVLINK} only at {NVLINK_WORLD} ranks")
     parser.add_argument("--no-tune", action="store_true", help="defaults only, no tuning grid")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    worlds = [int(w) for w in args.world_sizes.split(",") if w]
     networks = [n for n in args.networks.split(",") if n]
+    try:
+        worlds = [int(w) for w in args.world_sizes.split(",") if w]
+    except ValueError:
+        parser.error(f"--world-sizes takes comma-separated integers, got {args.world_sizes!r}")
+    for name, given, known in (("--models", models, MODELS), ("--networks", networks, NETWORKS + (NVLINK,))):
+        unknown = [x for x in given if x not in known]
+        if unknown or not given:
+            parser.error(f"{name}: {', '.join(unknown) or 'none given'}; known: {','.join(known)}")
+    if not worlds or min(worlds) < 2:
+        parser.error(f"--world-sizes: each must be >= 2, got {args.world_sizes!r}")
+    if not [(n, w) for n in networks for w in worlds if n != NVLINK or w == NVLINK_WORLD]:
+        parser.error(f"no row to simulate: {NVLINK} runs only at {NVLINK_WORLD} ranks")
     tune = not args.no_tune
     os.makedirs(args.out, exist_ok=True)
     lines: List[str] = []

@@ -165,7 +165,7 @@ def fusion_mode(args, device, backend):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    parser.add_argument("--min-bytes", type=int, default=4 * 1024)
+    parser.add_argument("--min-bytes", type=int, default=4 * 1024, help="the smallest buffer (default: 4 KiB)")
     parser.add_argument("--max-bytes", type=int, default=None, help="default: 64 MiB (gloo), 256 MiB (nccl)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"])
     parser.add_argument("--fusion", help="fusion mode, e.g. 200x4-64KiB (K tensors of sizes lo..hi)")
@@ -173,6 +173,10 @@ def main():
     args = parser.parse_args()
     if args.max_bytes is None:
         args.max_bytes = (256 if args.backend == "nccl" else 64) * 1024 * 1024
+    if args.min_bytes < 1:
+        parser.error(f"--min-bytes must be at least 1 (sizes double from it), got {args.min_bytes}")
+    if args.max_bytes < args.min_bytes:
+        parser.error(f"--max-bytes ({args.max_bytes}) is below --min-bytes ({args.min_bytes}): no size to measure")
 
     device = init(args.backend)
     backend = backend_capsule(args.backend, device)

@@ -10,8 +10,8 @@ dearcomm's backend busy with back-to-back all-reduces of --mib MiB (the
 collectives the engine runs, on the same group). For every iteration beside
 them it records the fraction of its wall time a collective was in flight;
 dearcomm.fit_compute_slowdown turns those into κ. Also printed: the
-all-reduce's own time alone and beside compute (the other direction, which
-the simulator does not model).
+all-reduce's own time alone and beside compute (the other direction,
+Network.comm_slowdown, λ: dearcomm.fit_comm_slowdown).
 """
 import argparse
 import json

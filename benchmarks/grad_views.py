@@ -118,7 +118,7 @@ def main():
         iteration = {name: it for name, (it, _) in zip(times, med.tolist())}
         for (name, ts), (it, bwd) in zip(times.items(), med.tolist()):
             ratio = it / iteration[baseline_of[name]] if name in baseline_of else 1.0
-            spread = statistics.quantiles([t[0] for t in ts], n=10)
+            spread = statistics.quantiles([t[0] for t in ts], n=10, method="inclusive")
             rows[name] = dict(iteration_ms=1e3 * it, backward_ms=1e3 * bwd, packed_params=packed.get(name),
                               ratio_to_copy=ratio, p10_ms=1e3 * spread[0], p90_ms=1e3 * spread[-1])
             print(f"{name:<46}{1e3 * it:>9.2f}{1e3 * bwd:>9.2f}{str(packed.get(name, '-')):>8}{ratio:>14.3f}")

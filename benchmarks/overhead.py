@@ -92,7 +92,7 @@ def main():
         print(f"{'schedule':<18}{'median ms':>10}{'p10 ms':>9}{'p90 ms':>9}{'vs ddp':>8}")
         rows = {}
         for (name, t), m in zip(times.items(), med.tolist()):
-            q = statistics.quantiles(t, n=10)
+            q = statistics.quantiles(t, n=10, method="inclusive")
             rows[name] = dict(median_ms=1e3 * m, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ratio_to_ddp=m / ddp)
             print(f"{name:<18}{1e3 * m:>10.2f}{1e3 * q[0]:>9.2f}{1e3 * q[-1]:>9.2f}{m / ddp:>8.3f}")
         if args.json:

@@ -1,6 +1,7 @@
-"""End to end: the same model, batch, bucket size and seed under torch DDP and
-every dearcomm schedule (wfbp, dear sharded and replicated, bytescheduler),
-each optionally with partitioned tensors and (bytescheduler) a credit, with
+"""End to end: the same model, batch, bucket size and seed under torch DDP (and
+FSDP2 where asked) and every dearcomm schedule (wfbp, dear sharded and
+replicated, bytescheduler, usbyte, deft; also wrap()'s "auto" and DeAR's own
+Bayesian-optimisation tuner, dear-bo), each optionally with partitioned tensors and (bytescheduler) a credit, with
 the measured pieces, the lower bound and each schedule's own ideal.
 
     torchrun --nproc_per_node=2 benchmarks/train_bench.py --model mlp            # loopback
@@ -838,7 +839,7 @@ def main():
                                        host_ms_per_mib=host_ms_per_mib, cores_share=share)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
         med = slowest(statistics.median(t))
-        q = statistics.quantiles(t, n=10) if len(t) >= 2 else [t[0]] * 9
+        q = statistics.quantiles(t, n=10, method="inclusive") if len(t) >= 2 else [t[0]] * 9  # within the samples
         rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound

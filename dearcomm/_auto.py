@@ -169,7 +169,9 @@ CONTENTION_BYTES = 64 * 2**20
 class AutoPlan:
     """What "auto" chose, and from what (rank 0's measurements)."""
     options: Dict[str, Any]
-    """The wrap() options trained with since ``step``."""
+    """The choice: the wrap() options trained with once the trials are over
+    (``decided``); while they run, the predicted best (each trial trains
+    with its own candidate of ``shortlist``)."""
     predicted_ms: float
     default_ms: float
     """wrap()'s default for the "auto" options (dear, 25 MiB buckets, no

@@ -138,7 +138,8 @@ class WrapOptions:
         if not isinstance(self.broadcast_buffers, bool):
             raise TypeError(f"dearcomm: broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
         if not isinstance(self.bucket_mb, (int, float)) or isinstance(self.bucket_mb, bool):
-            raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}")
+            raise TypeError(f"dearcomm: bucket_mb must be a number of MiB, got {type(self.bucket_mb).__name__}"
+                            f"{_AUTO_HINT if isinstance(self.bucket_mb, str) else ''}")
         if not self.bucket_mb >= 0:  # also rejects NaN
             raise ValueError(f"dearcomm: bucket_mb must be >= 0 (0 = one bucket per tensor), got {self.bucket_mb}")
         _check_positive_mib_or_none("partition_mb", self.partition_mb)
@@ -221,7 +222,11 @@ def _mib_to_bytes(mib: float) -> int:
 
 def _check_positive_mib_or_none(name: str, value) -> None:
     if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
-        raise ValueError(f"dearcomm: {name} must be a positive number of MiB or None, got {value!r}")
+        raise ValueError(f"dearcomm: {name} must be a positive number of MiB or None, got {value!r}"
+                         f"{_AUTO_HINT if isinstance(value, str) else ''}")
+
+
+_AUTO_HINT = " (wrap() also takes 'auto', in lower case, for bucket_mb, partition_mb, credit_mb and schedule)"
 
 
 def _is_number(value) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -192,6 +193,9 @@ class Network:
         _known_kinds("per_kind", self.per_kind)
         if any(kind not in self.per_kind for kind in KINDS):  # the kinds without their own take these
             _alpha_beta("Network", self.alpha_us, self.gbit_s)
+        for kind, figures in self.per_kind.items():
+            if isinstance(figures, (str, bytes)) or not isinstance(figures, Sequence) or len(figures) != 2:
+                raise ValueError(f"dearcomm: Network.per_kind[{kind!r}] must be (alpha_us, gbit_s), got {figures!r}")
         out = {kind: _alpha_beta(kind, *self.per_kind.get(kind, (self.alpha_us, self.gbit_s))) for kind in KINDS}
         ordered = self.per_kind.get(ORDERED_ALL_REDUCE)
         out[ORDERED_ALL_REDUCE] = out["all_reduce"] if ordered is None else _alpha_beta(ORDERED_ALL_REDUCE, *ordered)
@@ -262,7 +266,7 @@ class Prediction:
 
 
 def _check_number(name: str, value, allow_zero: bool, allow_inf: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)  # numpy's too
     ok = ok and (value >= 0 if allow_zero else value > 0) and (allow_inf or math.isfinite(value))
     if not ok:
         raise ValueError(f"dearcomm: {name} must be a {'non-negative' if allow_zero else 'positive'} "
@@ -430,5 +434,5 @@ def bucket_layout(profile, *, world_size: int, schedule: str = "dear", update: O
 
 
 def _check_world_size(world_size) -> None:
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
+    if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool) or world_size < 2:
         raise ValueError(f"dearcomm: world_size must be an int >= 2, got {world_size!r}")

@@ -418,6 +418,10 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
     (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"ordered_all_reduce": (1, -1)})), ValueError,
      "ordered_all_reduce gbit_s must be"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"all_reduce": (1,)})), ValueError,
+     r"per_kind\['all_reduce'\] must be \(alpha_us, gbit_s\), got \(1,\)"),
+    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"all_gather": "x"})), ValueError,
+     r"per_kind\['all_gather'\] must be \(alpha_us, gbit_s\)"),
     (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"ordered_all_reduce": math.inf})), ValueError,
      "ordered_all_reduce host_ms must be"),
     (dict(iterations=0), ValueError, "iterations must be"),
@@ -459,6 +463,14 @@ def test_bad_inputs_get_clear_errors(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         dearcomm.simulate(args.pop("profile"), **args)
+
+
+def test_numpy_numbers_are_taken_as_numbers():
+    import numpy as np
+
+    plain = dearcomm.simulate(PROFILE, world_size=8, network=NETWORK, step_ms=1.0).iteration_ms
+    numpy = dearcomm.simulate(PROFILE, world_size=np.int64(8), network=NETWORK, step_ms=np.float32(1.0)).iteration_ms
+    assert numpy == pytest.approx(plain)
 
 
 def test_every_schedule_and_update_runs_on_the_simulated_device():
