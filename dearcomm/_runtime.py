@@ -575,7 +575,7 @@ class DearRuntime:
                     others.append(param)
                 else:
                     mine.append(i)
-            if len(set(mine)) == len(self.params) and not self._end_of_backward_queued and \
+            if len(set(mine)) == len(self.params) and not self._end_of_backward_queued and not self.planning and \
                     engine.state in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
                 self._skip_step()  # a backward that raised midway is named at the next forward instead
             others += [self.params[i] for i in engine.zero_grads(mine, set_to_none)]

@@ -70,11 +70,14 @@ class OverlapReport:
     def __str__(self) -> str:
         if self.bound_ms <= 0:
             return f"dearcomm overlap ({self.schedule}): nothing measured"
+        finishing = (" (more than in flight: the waits include averaging and unpacking)"
+                     if self.exposed_ms > self.communication_ms else "")
         best = (f"; the predicted best plan ({self.best_plan}) {self.best_plan_ms:.2f} ms" if self.best_plan
                 else "; dearcomm.plan() or wrap()'s \"auto\" options predict the best plan")
         return (f"dearcomm overlap ({self.schedule}, median of {self.iterations} iterations): iteration "
                 f"{self.iteration_ms:.2f} ms = compute {self.compute_ms:.2f} ms + exposed communication "
-                f"{self.exposed_ms:.2f} ms; communication {self.communication_ms:.2f} ms, {self.hidden:.0%} hidden; "
+                f"{self.exposed_ms:.2f} ms{finishing}; communication {self.communication_ms:.2f} ms, "
+                f"{self.hidden:.0%} hidden; "
                 f"perfect overlap would take {self.bound_ms:.2f} ms ({self.iteration_ms / self.bound_ms:.2f}x that)"
                 + best)
 

@@ -1,6 +1,7 @@
 """model.overlap_report(): how much communication ran beside compute,
 measured from the engine's traced collectives over a window of iterations
 (dearcomm/overlap.py)."""
+import dataclasses
 import logging
 import os
 import types
@@ -36,7 +37,9 @@ def test_hand_computed_report():
     assert [p for it in report.per_iteration for p in it] == pytest.approx([10, 6, 1, 20, 12, 2])
     assert report.hidden == pytest.approx(1 - 1.5 / 9)
     assert report.bound_ms == pytest.approx(13.5)
-    assert "dear/sharded" in str(report) and "83% hidden" in str(report)
+    assert "dear/sharded" in str(report) and "83% hidden" in str(report) and "more than in flight" not in str(report)
+    finished_long = dataclasses.replace(report, exposed_ms=12.0)  # waits that average and unpack after the collective
+    assert "0% hidden" in str(finished_long) and "the waits include averaging and unpacking" in str(finished_long)
 
 
 def test_needs_a_whole_iteration():
