@@ -60,7 +60,7 @@ class DistributedOptimizer(Optimizer):
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
         runtime.on_engine_built.append(self._update.on_engine_built)
         runtime.on_reconfigure.append(self._follow_update_strategy)
-        runtime.on_step_skipped.append(self._forget_pending_clip)
+        runtime.on_step_skipped.append(self._step_skipped)
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
         self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
         self._pending_clip: Optional[Tuple[float, torch.Tensor, bool]] = None  # clip_grad_norm_'s, applied in step()
@@ -162,8 +162,23 @@ class DistributedOptimizer(Optimizer):
         self._user_post_hooks()
         return None
 
-    def _forget_pending_clip(self) -> None:
-        self._pending_clip = None  # the skipped step's norm
+    def _step_skipped(self) -> None:
+        """zero_grad() skipped the step: its pending clip goes, and where the
+        user unscaled with the GradScaler of earlier steps, every rank takes
+        the same found_inf for scaler.update() (scaler.unscale_ checked this
+        rank's .grad only; step() would have agreed on it)."""
+        self._pending_clip = None
+        scaler = self._scaler() if self._scaler is not None else None
+        if scaler is None or not scaler.is_enabled() or id(self) not in scaler._per_optimizer_states:
+            return
+        state = scaler._per_optimizer_states[id(self)]
+        if _scaler_stage(scaler, self) != "UNSCALED":
+            return
+        found_inf = sum(v.to(self._runtime.params[0].device) for v in state["found_inf_per_device"].values())
+        found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=self._runtime.params[0].device)
+        within(self._runtime.timeout, "the GradScaler's all-reduce of inf/NaN found", dist.all_reduce, found_inf,
+               op=dist.ReduceOp.MAX, group=self._runtime.group)
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
 
     def _user_post_hooks(self) -> None:
         for hook in list(self.optimizer._optimizer_step_post_hooks.values()):

@@ -141,6 +141,7 @@ class DearRuntime:
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
+        self._backward_complete = False  # the last backward's end ran through (zero_grad() may skip its step)
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
@@ -281,6 +282,7 @@ class DearRuntime:
                 self._build_engine()
         if not self._grads_arrived:
             self._grads_arrived = True
+            self._backward_complete = False
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
             self._queue_end_of_backward()  # where the loss did not come from the root's outputs
@@ -316,6 +318,7 @@ class DearRuntime:
             self._agree_on_unused(unused_here)
         self.delayed.after_backward()  # a loaded checkpoint's delayed gradients; the guard's figures
         self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
+        self._backward_complete = True
 
     def _agree_on_unused(self, unused_here: List[int]) -> None:
         """find_unused_parameters: which parameters no rank used (and none had
@@ -378,14 +381,15 @@ class DearRuntime:
         self._update_hooks[self._next_hook_id] = hook
         return _UpdateHookHandle(self, self._next_hook_id)
 
-    def after_step(self) -> None:
+    def after_step(self, updated: bool = True) -> None:
         """Called by the optimizer at the end of step(): which buckets' update
         hooks are due once their parameters are current; "auto" checks its
-        prediction against the measured iterations."""
+        prediction against the measured iterations. ``updated=False``: a step
+        zero_grad() skipped, which calls no update hook."""
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()
-        if self._update_hooks:
+        if self._update_hooks and updated:
             self._unreported = list(range(len(self.engine.layout.buckets)))
             self._reported.reset()
             if self.engine.state != _C.IterationState.GATHERING:
@@ -575,9 +579,9 @@ class DearRuntime:
                     others.append(param)
                 else:
                     mine.append(i)
-            if len(set(mine)) == len(self.params) and not self._end_of_backward_queued and not self.planning and \
+            if len(set(mine)) == len(self.params) and self._backward_complete and not self.planning and \
                     engine.state in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
-                self._skip_step()  # a backward that raised midway is named at the next forward instead
+                self._skip_step()  # not after a backward that raised: named at the next forward or backward
             others += [self.params[i] for i in engine.zero_grads(mine, set_to_none)]
         for param in others:  # torch's zero_grad, for every .grad that is no bucket view
             if param.grad is None:
@@ -605,9 +609,10 @@ class DearRuntime:
         self.engine.begin_step(averages_needed=True)
         self.forget_grad_versions()
         self.engine.skip_step()
+        self._backward_complete = False
         for callback in self.on_step_skipped:
             callback()
-        self.after_step()
+        self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
 
     def sync(self) -> None:
         if self.engine is not None:

@@ -297,6 +297,11 @@ def _collect(measurements: Measurements, select: _Selection,
 WEIGHTS = ("relative", "absolute")
 
 
+class TimesDoNotGrow(ValueError):
+    """A kind's times do not grow with its sizes: no bandwidth can be fitted
+    (a stall made a small size slower than a large one, or sizes too close)."""
+
+
 def _fit_kind(kind: str, rows: Sequence[Row], weights: str = "relative") -> KindFit:
     """Non-negative least squares of the ring model on one kind's rows.
     "relative": weighted by 1/time, each row counts by its relative error, so
@@ -317,7 +322,7 @@ def _fit_kind(kind: str, rows: Sequence[Row], weights: str = "relative") -> Kind
                          f"proportional coefficients); measure more sizes")
     alpha_us, beta_us = nnls2(A / scale, target) / scale
     if beta_us <= 0:
-        raise ValueError(f"dearcomm: the {kind} times do not grow with size ({len(rows)} rows); no bandwidth can "
+        raise TimesDoNotGrow(f"dearcomm: the {kind} times do not grow with size ({len(rows)} rows); no bandwidth can "
                          f"be fitted. Measure larger sizes")
     fitted = coef @ np.array([alpha_us, beta_us])
     rel = np.abs(fitted - t) / t

@@ -159,7 +159,8 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         plain, ordered = cpu_backend(group), cpu_backend(group)
         _C.keep_issue_order(ordered)
         backends = {**{kind: plain for kind in KINDS}, ORDERED_ALL_REDUCE: ordered}
-    from .network_fit import fit_network  # not at import: `python -m dearcomm.network_fit` would run a second copy
+    # Not at import: `python -m dearcomm.network_fit` would run a second copy.
+    from .network_fit import TimesDoNotGrow, fit_network
 
     for attempt in range(1, PROBE_TRIES + 1):
         rows = []
@@ -180,12 +181,10 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
         try:  # every rank fits rank 0's rows: all of them fail, and time again, alike
             fit = fit_network([{k: v for k, v in r.items() if k != "cpu_us"} for r in rows], weights="absolute")
             break
-        except ValueError as e:
+        except TimesDoNotGrow as e:  # any other error of the fit is no matter of timing: raised as it is
             if attempt == PROBE_TRIES:
                 raise NetworkNotFitted(
-                    f"dearcomm: the network probe's timings could not be fitted in {PROBE_TRIES} tries ({e}): "
-                    f"a small collective took longer than a large one, as when other work takes this machine's "
-                    f"cores or link while it measures") from None
+                    f"dearcomm: the network probe's timings could not be fitted in {PROBE_TRIES} tries: {e}") from None
     host_ms = {kind: share * cpu_ms for kind, cpu_ms in host_cpu_ms.items()}
     _, host_ms_per_mib = fit_host_cpu({kind: [(1, host_bytes, cpu_ms)] + [(1, r["bytes"], r["cpu_us"] / 1e3)
                                                                            for r in rows if r["op"] == kind]

@@ -271,10 +271,13 @@ def test_collectives_hold_no_python_objects():
 def _primitive_probe(rank, world_size):
     """For each of the CPU backend's primitives (the benchmarks' _C calls on
     tensors made in Python): how many of the tensors passed in the pending
-    collective keeps alive once Python dropped them. Its Works and the
-    poster's job end on other threads, whenever they finish: what they hold
-    must not need the GIL to be freed."""
+    collective keeps alive once Python dropped them; and, over 20 calls each
+    on tensors whose storage Python has seen (as torch.save and from_numpy
+    leave it), how often that storage outlived the collective's wait() and
+    handle: then a gloo worker or the poster thread held it last."""
     import gc
+
+    import numpy as np
 
     from dearcomm import _C
 
@@ -287,7 +290,7 @@ def _primitive_probe(rank, world_size):
         "reduce_scatter": lambda full, shard: _C.reduce_scatter(plain, full, shard),
         "all_gather": lambda full, shard: _C.all_gather(plain, shard, full),
     }
-    alive = {}
+    alive, outlived = {}, {}
     for name, call in calls.items():
         full, shard = torch.ones(4 * world_size), torch.ones(4)
         refs = [weakref.ref(full), weakref.ref(shard)]
@@ -296,19 +299,31 @@ def _primitive_probe(rank, world_size):
         gc.collect()
         alive[name] = sum(ref() is not None for ref in refs)
         handle.wait()
-    return alive
+        outlived[name] = 0
+        for i in range(20):
+            full = torch.from_numpy(np.ones(4096 * world_size, dtype=np.float32)) if i % 2 else torch.ones(4096 * world_size)
+            shard = torch.ones(4096)
+            storages = [weakref.ref(full.untyped_storage()), weakref.ref(shard.untyped_storage())]
+            handle = call(full, shard)
+            handle.wait()
+            del handle, full, shard
+            outlived[name] += sum(ref() is not None for ref in storages)
+    return alive, outlived
 
 
-def test_primitives_hold_no_tensor_python_owns():
+def test_primitives_leave_nothing_python_owns_to_other_threads():
     """A gloo worker or the poster thread may drop a collective's Works last;
-    if they held a tensor made in Python (or a view of one: its base), that
-    thread took the GIL to free it, and at interpreter exit the process
-    aborted ("terminate called without an active exception"): a 2-rank
-    script of _C.all_reduce calls on Python tensors, then exiting, did so in
-    6 of 10 runs. Collectives work on tensors over the same memory that refer
-    to no Python object (process_group_backend.cpp's same_memory)."""
-    for rank, alive in enumerate(run_workers(_primitive_probe, 2)):
+    if they held a tensor made in Python, or memory whose storage Python has
+    seen, that thread took the GIL to free it, and at interpreter exit the
+    process aborted ("terminate called without an active exception"): a
+    2-rank script of _C.all_reduce calls on Python tensors, then exiting, did
+    so in 6 of 10 runs, and on tensors from torch.from_numpy in 7 of 10 after
+    a first fix that left their storage to those threads. Collectives hold
+    tensors over the caller's memory that refer to no Python object, and the
+    waiting thread drops the last of them."""
+    for rank, (alive, outlived) in enumerate(run_workers(_primitive_probe, 2)):
         assert not any(alive.values()), f"rank {rank}: tensors kept alive by pending collectives: {alive}"
+        assert not any(outlived.values()), f"rank {rank}: storages that outlived wait() and the handle: {outlived}"
 
 
 if __name__ == "__main__":

@@ -151,10 +151,13 @@ def skip_worker(rank, world_size):
     instead of step(). Rank 1's loss is inf at step 2 only, so every rank sees
     an inf norm there; the reference skips the same step. Each way of
     zeroing: optimizer.zero_grad() (set_to_none either way) and model.zero_grad().
-    A step() right after such a zero_grad() has nothing to apply and says why."""
+    A step() right after such a zero_grad() has nothing to apply and says why.
+    The update hook runs for the steps taken only (an EMA skips the step too)."""
     def run(schedule, update, bucket_mb):
         for zero in ("optimizer", "optimizer-keep", "model"):
             model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+            reported = []
+            model.register_update_hook(lambda params: reported.extend(name for name, _ in params))
             for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
                 bad = step == 2
                 loss = local_loss(model, x, y, rank, world_size)
@@ -180,12 +183,55 @@ def skip_worker(rank, world_size):
                 ref_opt.zero_grad()
             model.sync()
             assert_same_parameters(model, reference, f"{zero}, bucket_mb={bucket_mb}")
+            trainable = sum(p.requires_grad for p in model.parameters())
+            assert len(reported) == 4 * trainable, f"{zero}: {len(reported)} updates reported for 4 steps"
     return each_schedule_and_bucket(rank, world_size, run)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_zero_grad_after_backward_skips_the_step_on_every_rank(world_size):
     assert_no_failures(run_workers(skip_worker, world_size, deadline=300))
+
+
+def skip_with_scaler_worker(rank, world_size):
+    """The same loop with a GradScaler that the user unscales: at the skipped
+    step only rank 1's gradient is inf, which under dear only its .grad
+    shows; scaler.update() must still back off the scale on every rank (as
+    DDP's averaged .grad makes it), or the ranks would sum gradients scaled
+    differently from then on."""
+    def run(schedule, update, bucket_mb):
+        model, optimizer, reference, ref_opt = wrapped_pair(schedule, update, bucket_mb)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
+            bad = step == 2
+            loss = local_loss(model, x, y, rank, world_size)
+            scaler.scale(loss * float("inf") if bad and rank == 1 else loss).backward()
+            scaler.unscale_(optimizer)
+            norm = optimizer.clip_grad_norm_(1e6)
+            ref_loss = F.cross_entropy(reference(x), y)
+            ref_scaler.scale(ref_loss * float("inf") if bad else ref_loss).backward()
+            ref_scaler.unscale_(ref_opt)
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e6)
+            if bad:
+                assert not torch.isfinite(norm), (step, norm)
+                optimizer.zero_grad()
+                ref_opt.zero_grad()
+            else:
+                scaler.step(optimizer)
+                optimizer.zero_grad()
+                ref_scaler.step(ref_opt)
+                ref_opt.zero_grad()
+            scaler.update()
+            ref_scaler.update()
+            assert scaler.get_scale() == ref_scaler.get_scale(), (step, scaler.get_scale(), ref_scaler.get_scale())
+        model.sync()
+        assert_same_parameters(model, reference, f"bucket_mb={bucket_mb}")
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+def test_a_skipped_step_backs_the_grad_scaler_off_on_every_rank():
+    assert_no_failures(run_workers(skip_with_scaler_worker, 2, deadline=300))
 
 
 # ---- item 4: EMA from the update hook ----------------------------------------------

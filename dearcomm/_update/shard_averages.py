@@ -28,9 +28,11 @@ def flat_norm(flat: torch.Tensor, norm_type: float) -> torch.Tensor:
     on a CPU (1e-5 at 1M), so clipping scaled by another factor than DDP's,
     whose norms are per tensor. In pieces: 2e-8, in half the time."""
     rows = flat.numel() // NORM_CHUNK
-    parts = [torch.linalg.vector_norm(flat[rows * NORM_CHUNK:], norm_type).reshape(1)]
+    parts = [flat.new_zeros(1)]  # the inf norm of nothing is an error, not 0
     if rows:
         parts.append(torch.linalg.vector_norm(flat[:rows * NORM_CHUNK].view(rows, NORM_CHUNK), norm_type, dim=1))
+    if flat.numel() > rows * NORM_CHUNK:
+        parts.append(torch.linalg.vector_norm(flat[rows * NORM_CHUNK:], norm_type).reshape(1))
     return torch.linalg.vector_norm(torch.cat(parts), norm_type)
 
 

@@ -10,11 +10,11 @@
 // Pair::send/recv with 60 messages). Here the training thread only enqueues;
 // jobs run in order, so exchanges keep their issue order.
 //
-// A job must hold nothing Python owns, not even as a view's base (tensors
-// cut from process_group_backend.cpp's same_memory()): dropping the last
-// reference to one would take the GIL on this thread, which the training
-// thread may hold while it posts, and which ends the thread (and the process)
-// once the interpreter is finalizing.
+// A job must drop its tensors before it tells the waiter (the Works it hands
+// over keep the memory alive): where Python owns that memory, the last
+// reference's drop takes the GIL, which the training thread may hold while it
+// posts, and which ends this thread (and the process) once the interpreter is
+// finalizing.
 #pragma once
 
 #include <chrono>

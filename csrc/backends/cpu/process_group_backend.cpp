@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace dearcomm {
 
@@ -51,8 +52,11 @@ class Posting {
     settle({}, nullptr);
   }
 
-  // The Works, once posted; throws what posting threw, or if it took longer than `timeout`.
-  const std::vector<c10::intrusive_ptr<c10d::Work>>& works(std::chrono::milliseconds timeout, const char* what) {
+  // The Works, once posted, handed over to the caller (once; later calls get
+  // none): a poster job may hold the Posting last, and must not be left the
+  // Works, whose memory is freed on the waiting thread (WorkHandle::wait).
+  // Throws what posting threw, or if it took longer than `timeout`.
+  std::vector<c10::intrusive_ptr<c10d::Work>> take_works(std::chrono::milliseconds timeout, const char* what) {
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(posted_.wait_for(lock, timeout, [this] { return done_; }),
         what, whole_ ? " did not finish within " : " was not even posted within ", timeout.count(), " ms");
@@ -65,7 +69,7 @@ class Posting {
         TORCH_CHECK(false, what, whole_ ? " failed" : " could not be posted");
       }
     }
-    return works_;
+    return std::move(works_);
   }
   int64_t completed_ns() const { return progress_->completed.load(); }
   // The completion time as a stamp: it has a time once complete() stamped it.
@@ -77,7 +81,7 @@ class Posting {
   void settle(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::exception_ptr error) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      TORCH_INTERNAL_ASSERT(!done_, "dearcomm: a collective was posted twice");  // works() hands out works_ unlocked
+      TORCH_INTERNAL_ASSERT(!done_, "dearcomm: a collective was posted twice");
       works_ = std::move(works);
       error_ = std::move(error);
       done_ = true;
@@ -113,7 +117,11 @@ class WorkHandle final : public PendingCollective {
   // One deadline for posting and every Work: `timeout` bounds the whole wait.
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& work : posting_->works(timeout, what_)) {
+    if (!taken_) {
+      works_ = posting_->take_works(timeout, what_);
+      taken_ = true;
+    }
+    for (const auto& work : works_) {
       // At least 1 ms: c10d reads a zero timeout as "no timeout".
       const auto left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now()));
@@ -125,6 +133,16 @@ class WorkHandle final : public PendingCollective {
       }
       TORCH_CHECK(completed, what_, " did not finish within ", timeout.count(), " ms");
     }
+    // gloo's worker drops its references to a Work just after completing it:
+    // wait for that, so that the last reference, and the memory the Work
+    // holds, goes on this thread. Where Python owns that memory (a storage
+    // Python has seen: torch.save, from_numpy), the thread that frees it takes
+    // the GIL, which on gloo's thread aborts the process at exit (python_tls.h).
+    for (const auto& work : works_) {
+      while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+    }
     if (finish_) {
       finish_();
     }
@@ -134,6 +152,8 @@ class WorkHandle final : public PendingCollective {
   std::shared_ptr<Posting> posting_;
   const char* what_;
   std::function<void()> finish_;
+  bool taken_ = false;                                // the Works were taken from the posting
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;  // released with this handle, on the waiting thread
 };
 
 // A sum of host integers: gloo sums them in a tensor of their own.
@@ -174,12 +194,12 @@ int ordered_override() {
   return value == nullptr ? -1 : std::string(value) == "0" ? 0 : 1;
 }
 
-// A tensor over `t`'s memory that refers to no other tensor. A view keeps
-// its base alive, and where Python owns the base (a buffer made in Python and
-// passed to _C.all_reduce), the thread that drops the view last takes the GIL
-// to release it: gloo's worker or the poster, which at interpreter exit
-// aborts the process (python_tls.h). Every collective works on these, so
-// nothing it keeps after the call returns refers to a Python object.
+// A tensor over `t`'s memory that refers to no other tensor: a view would
+// keep `t` itself alive, and with it the Python object of a tensor made in
+// Python (the benchmarks' _C.all_reduce), in the Works and jobs of the
+// collective. Freeing that object takes the GIL, which a gloo worker or the
+// poster must never need (python_tls.h); the memory itself is released on the
+// waiting thread (WorkHandle::wait, exchange()).
 at::Tensor same_memory(const at::Tensor& t) {
   return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
@@ -223,8 +243,9 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
                                                         const std::vector<at::Tensor>& incoming) {
   // Every message of one exchange has the same size, so both ends cut it into
   // the same pieces; tags are (exchange number, piece), the same on every rank
-  // because every rank calls exchange() in the same order. The pieces are
-  // cut from the callers' same_memory(): the job holds nothing Python owns (poster.h).
+  // because every rank calls exchange() in the same order. The job drops its
+  // pieces before it settles the posting: the Works, which the waiter holds,
+  // are then the last to hold the memory (poster.h).
   struct Piece {
     int peer;
     int tag;
@@ -244,7 +265,7 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
     }
   }
   auto posting = std::make_shared<Posting>();
-  poster_.post([group = group_, pieces = std::move(pieces), posting] {
+  poster_.post([group = group_, pieces = std::move(pieces), posting]() mutable {
     // Both guards matter where this runs on the training thread (DEARCOMM_CPU_POSTER=0); see python_tls.h.
     WithoutPythonTLS no_python_objects;
     NoProfilerRecordInWorks no_records;
@@ -256,8 +277,10 @@ std::shared_ptr<Posting> ProcessGroupBackend::exchange(const std::vector<at::Ten
         works.push_back(group->recv(recv_buffer, piece.peer, piece.tag));
         works.push_back(group->send(send_buffer, piece.peer, piece.tag));
       }
+      pieces.clear();
       posting->complete(std::move(works));
     } catch (...) {  // a job must not throw (poster.h): the waiter raises it
+      pieces.clear();
       posting->fail(std::current_exception());
     }
   });
