@@ -232,37 +232,31 @@ def test_max_delay_zero_trains_exactly_as_one_process():
         assert difference == {} and planner is None
 
 
-def scaler_worker(rank, world_size):
+def refused_worker(rank, world_size, what):
+    """One backward with delayed buckets, then `what` ("scaler": a
+    GradScaler's step; "skip": zero_grad() before step()); its refusal."""
     model, optimizer = build("sgd", DELAYS["input-side"])[:2]
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=what == "scaler")
     tokens, labels = next(batches(1, global_batch(world_size)))
     scaler.scale(F.cross_entropy(model(local_slice(tokens, rank, world_size)),
                                  local_slice(labels, rank, world_size))).backward()
     try:
-        scaler.step(optimizer)
+        if what == "scaler":
+            scaler.step(optimizer)
+        else:
+            optimizer.zero_grad()  # between backward and step(): skips the step
     except NotImplementedError as e:
         return str(e)
     return None
 
 
 def test_a_grad_scaler_is_refused_while_buckets_are_delayed():
-    for message in run_workers(scaler_worker, 2):
+    for message in run_workers(refused_worker, 2, "scaler"):
         assert message and "GradScaler" in message and "max_delay=0" in message
 
 
-def skip_worker(rank, world_size):
-    model, optimizer = build("sgd", DELAYS["input-side"])[:2]
-    tokens, labels = next(batches(1, global_batch(world_size)))
-    F.cross_entropy(model(local_slice(tokens, rank, world_size)), local_slice(labels, rank, world_size)).backward()
-    try:
-        optimizer.zero_grad()  # between backward and step(): skips the step
-    except NotImplementedError as e:
-        return str(e)
-    return None
-
-
 def test_skipping_a_step_is_refused_while_buckets_are_delayed():
-    for message in run_workers(skip_worker, 2):
+    for message in run_workers(refused_worker, 2, "skip"):
         assert message and "skips the step" in message and "max_delay=0" in message
 
 
