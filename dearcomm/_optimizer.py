@@ -166,7 +166,8 @@ class DistributedOptimizer(Optimizer):
         """zero_grad() skipped the step: its pending clip goes, and where the
         user unscaled with the GradScaler of earlier steps, every rank takes
         the same found_inf for scaler.update() (scaler.unscale_ checked this
-        rank's .grad only; step() would have agreed on it)."""
+        rank's .grad only; step() would have agreed on it). Before the first
+        scaler.step() the scaler is unknown here (the guide says so)."""
         self._pending_clip = None
         scaler = self._scaler() if self._scaler is not None else None
         if scaler is None or not scaler.is_enabled() or id(self) not in scaler._per_optimizer_states:

@@ -292,6 +292,15 @@ class DearRuntime:
         self._end_of_backward_queued = False
         if not self._grads_arrived:
             return  # a backward that reached no parameter: torch.autograd.grad(outputs, inputs)
+        try:
+            self._finish_backward()
+        except BaseException:
+            # Its reductions were issued for some buckets: as a backward that
+            # raised midway, named at the next training forward.
+            self._end_of_backward_queued = self._grads_arrived = True
+            raise
+
+    def _finish_backward(self) -> None:
         self._grads_arrived = False
         engine = self.engine
         missing = engine.missing_grads()

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import numbers
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -194,7 +194,12 @@ class Network:
         if any(kind not in self.per_kind for kind in KINDS):  # the kinds without their own take these
             _alpha_beta("Network", self.alpha_us, self.gbit_s)
         for kind, figures in self.per_kind.items():
-            if isinstance(figures, (str, bytes)) or not hasattr(figures, "__len__") or len(figures) != 2:
+            try:
+                ordered = not isinstance(figures, (str, bytes, AbstractSet, Mapping))
+                alpha_us, gbit_s = figures if ordered else ()
+            except (TypeError, ValueError):
+                ordered = False
+            if not ordered:
                 raise ValueError(f"dearcomm: Network.per_kind[{kind!r}] must be (alpha_us, gbit_s), got {figures!r}")
         out = {kind: _alpha_beta(kind, *self.per_kind.get(kind, (self.alpha_us, self.gbit_s))) for kind in KINDS}
         ordered = self.per_kind.get(ORDERED_ALL_REDUCE)

@@ -591,3 +591,27 @@ def test_a_single_candidate_is_compared_with_its_first_measured_window():
     for rank, r in enumerate(run_workers(_single_candidate_worker, 2, deadline=180)):
         assert r["shortlist"] == 1, r
         assert r["plans"] == [1, 1, 1, 1, 1, 2, 2], f"rank {rank}: plans after each step {r['plans']}"
+
+
+def _one_size_probe_worker(rank, world_size):
+    from dearcomm import network_probe
+
+    timed = []
+    real = network_probe._timed
+    network_probe._timed = lambda *args, **kwargs: timed.append(1) or real(*args, **kwargs)
+    try:
+        network_probe.probe_network(torch.distributed.group.WORLD, torch.device("cpu"), sizes=(1 << 20,))
+    except ValueError as e:
+        return type(e).__name__, str(e), len(timed)
+    return None
+
+
+def test_the_probe_times_again_only_when_its_times_do_not_grow():
+    """A fit that fails for any other reason (here one size only) is no
+    matter of noisy timing: raised at once, as it is, not after three tries
+    as "could not be fitted"."""
+    for rank, result in enumerate(run_workers(_one_size_probe_worker, 2, deadline=120)):
+        assert result is not None, f"rank {rank}: one size was fitted"
+        kind, message, timed = result
+        assert kind == "ValueError" and "2 distinct sizes" in message, (rank, kind, message)
+        assert timed == 2 * 4, f"rank {rank}: {timed} timings: timed again"  # one size and the host call, 4 kinds

@@ -380,6 +380,43 @@ def test_backward_that_raised_midway_is_named_at_the_next_forward():
         assert "dearcomm: the previous backward did not finish" in message, message
 
 
+def end_of_backward_raised_worker(rank, world_size):
+    """The end of a backward raises (a parameter got no gradient) after its
+    reductions were issued for the other buckets; the loop catches it and
+    zeroes the gradients. zero_grad() must not take that for a backward to
+    skip (it raised the same error again), and the next training forward
+    names what happened (it went on to a misleading "second gradient")."""
+    seen = {}
+    for schedule in ("dear", "wfbp"):
+        torch.manual_seed(0)
+        model = Unused()
+        model.forward = lambda x, model=model: model.used(x) + (model.unused(x) if use_both[0] else 0)
+        use_both = [True]
+        model, optimizer = dearcomm.wrap(model, sgd(model), schedule=schedule, bucket_mb=0)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        use_both[0] = False
+        try:
+            model(torch.randn(2, 4)).sum().backward()
+        except ValueError as e:
+            seen[f"{schedule} backward"] = "got no gradient" in str(e)
+        optimizer.zero_grad()  # the loop's handler
+        use_both[0] = True
+        try:
+            model(torch.randn(2, 4))
+        except RuntimeError as e:
+            seen[f"{schedule} next forward"] = "the previous backward did not finish" in str(e)
+        model.close()
+    return seen
+
+
+def test_a_backward_whose_end_raised_is_named_at_the_next_forward():
+    for rank, seen in enumerate(run_workers(end_of_backward_raised_worker, 2, deadline=120)):
+        assert seen == {f"{s} {w}": True for s in ("dear", "wfbp") for w in ("backward", "next forward")}, \
+            f"rank {rank}: {seen}"
+
+
 def stale_graph_worker(rank, world_size):
     """A backward through a graph kept (retain_graph) from before step():
     torch raises because step() wrote the parameters in place, and with

@@ -274,12 +274,23 @@ def _primitive_probe(rank, world_size):
     collective keeps alive once Python dropped them; and, over 20 calls each
     on tensors whose storage Python has seen (as torch.save and from_numpy
     leave it), how often that storage outlived the collective's wait() and
-    handle: then a gloo worker or the poster thread held it last."""
+    handle: then a gloo worker or the poster thread held it last; and over
+    10 calls each on numpy memory dropped by the caller before wait(), how
+    often it was freed on another thread than the waiting one."""
     import gc
 
     import numpy as np
 
     from dearcomm import _C
+
+    freed_elsewhere = []
+
+    class Tracked(np.ndarray):
+        def __del__(self):
+            if threading.get_ident() != main:
+                freed_elsewhere.append(1)
+
+    main = threading.get_ident()
 
     plain = _C.process_group_backend(torch.distributed.group.WORLD)
     ordered = _C.process_group_backend(torch.distributed.group.WORLD)
@@ -290,7 +301,7 @@ def _primitive_probe(rank, world_size):
         "reduce_scatter": lambda full, shard: _C.reduce_scatter(plain, full, shard),
         "all_gather": lambda full, shard: _C.all_gather(plain, shard, full),
     }
-    alive, outlived = {}, {}
+    alive, outlived, elsewhere = {}, {}, {}
     for name, call in calls.items():
         full, shard = torch.ones(4 * world_size), torch.ones(4)
         refs = [weakref.ref(full), weakref.ref(shard)]
@@ -308,7 +319,16 @@ def _primitive_probe(rank, world_size):
             handle.wait()
             del handle, full, shard
             outlived[name] += sum(ref() is not None for ref in storages)
-    return alive, outlived
+        freed_elsewhere.clear()
+        for _ in range(10):
+            full = torch.from_numpy(np.ones(4096 * world_size, dtype=np.float32).view(Tracked))
+            shard = torch.from_numpy(np.ones(4096, dtype=np.float32).view(Tracked))
+            handle = call(full, shard)
+            del full, shard
+            handle.wait()
+            del handle
+        elsewhere[name] = len(freed_elsewhere)
+    return alive, outlived, elsewhere
 
 
 def test_primitives_leave_nothing_python_owns_to_other_threads():
@@ -321,9 +341,10 @@ def test_primitives_leave_nothing_python_owns_to_other_threads():
     a first fix that left their storage to those threads. Collectives hold
     tensors over the caller's memory that refer to no Python object, and the
     waiting thread drops the last of them."""
-    for rank, (alive, outlived) in enumerate(run_workers(_primitive_probe, 2)):
+    for rank, (alive, outlived, elsewhere) in enumerate(run_workers(_primitive_probe, 2)):
         assert not any(alive.values()), f"rank {rank}: tensors kept alive by pending collectives: {alive}"
         assert not any(outlived.values()), f"rank {rank}: storages that outlived wait() and the handle: {outlived}"
+        assert not any(elsewhere.values()), f"rank {rank}: memory dropped before wait() freed off its thread: {elsewhere}"
 
 
 if __name__ == "__main__":

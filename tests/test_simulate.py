@@ -471,6 +471,12 @@ def test_numpy_numbers_are_taken_as_numbers():
     plain = dearcomm.simulate(PROFILE, world_size=8, network=NETWORK, step_ms=1.0).iteration_ms
     numpy = dearcomm.simulate(PROFILE, world_size=np.int64(8), network=NETWORK, step_ms=np.float32(1.0)).iteration_ms
     assert numpy == pytest.approx(plain)
+    pair = Network(alpha_us=NETWORK.alpha_us, gbit_s=NETWORK.gbit_s, per_kind={"all_reduce": np.array([5.0, 10.0])})
+    assert dearcomm.simulate(PROFILE, world_size=8, network=pair).iteration_ms > 0
+    for figures in (np.array(3.0), torch.tensor(2.0), {5.0, 10.0}):
+        odd = Network(alpha_us=1, gbit_s=1, per_kind={"all_reduce": figures})
+        with pytest.raises(ValueError, match=r"per_kind\['all_reduce'\] must be \(alpha_us, gbit_s\)"):
+            dearcomm.simulate(PROFILE, world_size=8, network=odd)
 
 
 def test_every_schedule_and_update_runs_on_the_simulated_device():

@@ -416,7 +416,9 @@ std::unique_ptr<PendingCollective> ProcessGroupBackend::ordered_all_reduce(const
       posting->fail(std::current_exception());
     }
   });
-  return std::make_unique<WorkHandle>(std::move(posting), "all-reduce");
+  // The handle keeps the memory too, so that its last reference goes on the
+  // waiting thread even where the caller dropped its tensor before waiting.
+  return std::make_unique<WorkHandle>(std::move(posting), "all-reduce", [buffer] {});
 }
 
 void ProcessGroupBackend::keep_issue_order() {
