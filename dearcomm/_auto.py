@@ -438,10 +438,10 @@ class AutoPlanner:
     def _plan(self, module: nn.Module, args, kwargs) -> None:
         reason = "first training forward" if not self.plans else self._replan_reason
         runtime = self.runtime
+        current = _describe({name: getattr(runtime.options, name) for name in self.auto})
         if runtime.world_size == 1:  # nothing to communicate: every layout trains alike
             if runtime.rank == 0:
-                logger.info("dearcomm: auto: one rank, nothing to communicate; training with %s",
-                            _describe({name: getattr(runtime.options, name) for name in self.auto}))
+                logger.info("dearcomm: auto: one rank, nothing to communicate; training with %s", current)
             return
         started = time.perf_counter()
         try:
@@ -449,8 +449,7 @@ class AutoPlanner:
         except NetworkNotFitted as e:  # on every rank alike; the model's own failures raise (ProfilingFailed)
             if runtime.rank == 0:
                 logger.warning("dearcomm: auto could not measure the network at its %s (%s); training on with %s, "
-                               "without planning again", reason, e,
-                               _describe({name: getattr(runtime.options, name) for name in self.auto}))
+                               "without planning again", reason, e, current)
             self._expected_ms, self._baseline_due = None, False  # no drift check: nothing to plan with
             return
         plan = self._plan_on_rank0(profile, network, reason, started)

@@ -176,7 +176,11 @@ class DistributedOptimizer(Optimizer):
         if _scaler_stage(scaler, self) != "UNSCALED":
             return
         found_inf = sum(v.to(self._runtime.params[0].device) for v in state["found_inf_per_device"].values())
-        found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=self._runtime.params[0].device)
+        self._agree_on_found_inf(state, torch.as_tensor(found_inf, dtype=torch.float32,
+                                                        device=self._runtime.params[0].device))
+
+    def _agree_on_found_inf(self, state: Dict[str, Any], found_inf: torch.Tensor) -> None:
+        """Every rank's inf/NaN verdict, in place, where scaler.update() reads it."""
         within(self._runtime.timeout, "the GradScaler's all-reduce of inf/NaN found", dist.all_reduce, found_inf,
                op=dist.ReduceOp.MAX, group=self._runtime.group)
         state["found_inf_per_device"] = {found_inf.device: found_inf}
@@ -220,9 +224,7 @@ class DistributedOptimizer(Optimizer):
                 by_dtype.setdefault(tensor.dtype, []).append(tensor)
             for tensors in by_dtype.values():
                 torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-        within(self._runtime.timeout, "the GradScaler's all-reduce of inf/NaN found", dist.all_reduce, found_inf,
-               op=dist.ReduceOp.MAX, group=self._runtime.group)
-        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        self._agree_on_found_inf(state, found_inf)
         return bool(found_inf.item())
 
     def zero_grad(self, set_to_none: bool = True) -> None:

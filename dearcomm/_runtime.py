@@ -141,7 +141,6 @@ class DearRuntime:
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
-        self._backward_complete = False  # the last backward's end ran through (zero_grad() may skip its step)
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
@@ -282,7 +281,6 @@ class DearRuntime:
                 self._build_engine()
         if not self._grads_arrived:
             self._grads_arrived = True
-            self._backward_complete = False
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
             self._queue_end_of_backward()  # where the loss did not come from the root's outputs
@@ -327,7 +325,6 @@ class DearRuntime:
             self._agree_on_unused(unused_here)
         self.delayed.after_backward()  # a loaded checkpoint's delayed gradients; the guard's figures
         self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
-        self._backward_complete = True
 
     def _agree_on_unused(self, unused_here: List[int]) -> None:
         """find_unused_parameters: which parameters no rank used (and none had
@@ -588,9 +585,12 @@ class DearRuntime:
                     others.append(param)
                 else:
                     mine.append(i)
-            if len(set(mine)) == len(self.params) and self._backward_complete and not self.planning and \
+            # A backward whose end ran through: one that raised (midway, or at
+            # its end) leaves both set, and the next training forward names it.
+            ended = not (self._end_of_backward_queued or self._grads_arrived)
+            if len(set(mine)) == len(self.params) and ended and not self.planning and \
                     engine.state in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED):
-                self._skip_step()  # not after a backward that raised: named at the next forward or backward
+                self._skip_step()
             others += [self.params[i] for i in engine.zero_grads(mine, set_to_none)]
         for param in others:  # torch's zero_grad, for every .grad that is no bucket view
             if param.grad is None:
@@ -618,7 +618,6 @@ class DearRuntime:
         self.engine.begin_step(averages_needed=True)
         self.forget_grad_versions()
         self.engine.skip_step()
-        self._backward_complete = False
         for callback in self.on_step_skipped:
             callback()
         self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
