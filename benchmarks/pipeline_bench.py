@@ -76,13 +76,7 @@ def cmd_plans(args) -> int:
                     draw_timeline(os.path.join(args.out, "pipeline-timeline-bert-8.png"),
                                   {k: simulate(plans[k], profile, topo) for k in ("planner", "dapple", "1f1b")},
                                   f"BERT-large, 8 devices, {pre}, {args.microbatches} micro-batches (simulated)")
-    speedups = [r["speedup"] for r in rows if r["speedup"] < float("inf")]
-    emit(f"\nplanning time: mean {sum(r['plan_s'] for r in rows) / len(rows):.1f} s, "
-         f"max {max(r['plan_s'] for r in rows):.1f} s (planner and baselines)")
-    if len(speedups) < len(rows):
-        emit(f"cases where no baseline fits: {len(rows) - len(speedups)}")
-    emit(f"planner vs the best baseline that fits, per case: min {min(speedups):.2f}x, "
-         f"geomean {_geomean(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases")
+    _summary(rows, emit)
     stem = "pipeline-plans" + (f"-{args.memory_gb:g}gb" if args.memory_gb else "")
     with open(os.path.join(args.out, f"{stem}.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -92,6 +86,22 @@ def cmd_plans(args) -> int:
     if not args.memory_gb:
         _plot(rows, devices, args.out)
     return 0
+
+
+def _summary(rows, emit) -> None:
+    """The table's last lines; rows may be none (a limit that nothing fits)."""
+    if not rows:
+        emit("")
+        emit("no plan fits in any case")
+        return
+    speedups = [r["speedup"] for r in rows if r["speedup"] < float("inf")]
+    emit(f"\nplanning time: mean {sum(r['plan_s'] for r in rows) / len(rows):.1f} s, "
+         f"max {max(r['plan_s'] for r in rows):.1f} s (planner and baselines)")
+    if len(speedups) < len(rows):
+        emit(f"cases where no baseline fits: {len(rows) - len(speedups)}")
+    if speedups:
+        emit(f"planner vs the best baseline that fits, per case: min {min(speedups):.2f}x, "
+             f"geomean {_geomean(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases")
 
 
 def _fits(plan, profile, topology) -> bool:
@@ -371,7 +381,8 @@ def cmd_rank(args) -> int:
                     a, b = plan.stage_layers(s)
                     stages.append(LayerProfile(f"stage{s}", statistics.median(merged[s, "F", clock]),
                                                statistics.median(merged[s, "B", clock]),
-                                               profile.layers[b - 1].activation_bytes, profile.param_bytes(a, b)))
+                                               sum(l.activation_bytes for l in profile.layers[a:b]),
+                                               profile.param_bytes(a, b)))
                 return ModelProfile(f"in-situ {clock}", tuple(stages),
                                     tuple(profile.boundary_bytes(b) for b in plan.bounds[1:-1]))
             insitu, insitu_cpu = staged_profile("wall"), staged_profile("cpu")
@@ -410,18 +421,33 @@ def cmd_rank(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (0 micro-batches or cases plans nothing)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _nonnegative(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plans", help="planner vs baselines on the shared profiles (simulated)")
-    p.add_argument("--microbatches", type=int, default=16)
-    p.add_argument("--blocks", type=int, default=24, help="coarsen every profile to at most this many blocks")
+    p.add_argument("--microbatches", type=_positive_int, default=16)
+    p.add_argument("--blocks", type=_positive_int, default=24, help="coarsen every profile to at most this many blocks")
     p.add_argument("--quick", action="store_true", help="4 and 8 devices only")
-    p.add_argument("--memory-gb", type=float, default=0.0, help="per-device memory limit (0: none)")
+    p.add_argument("--memory-gb", type=_nonnegative, default=0.0, help="per-device memory limit (0: none)")
     p.add_argument("--out", default="results")
     p.set_defaults(fn=cmd_plans)
     o = sub.add_parser("optimality", help="planner vs the exhaustive optimum on small random cases")
-    o.add_argument("--cases", type=int, default=48)
+    o.add_argument("--cases", type=_positive_int, default=48)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--out", default="results")
     o.set_defaults(fn=cmd_optimality)
@@ -431,11 +457,11 @@ def main(argv=None) -> int:
     for name, fn in (("netlab", cmd_netlab), ("_rank", cmd_rank)):
         n = sub.add_parser(name, help="measured vs predicted under netlab (root)" if name == "netlab" else None)
         n.add_argument("--rates", default="200mbit,200mbit,100mbit", help="tbf rate per rank")
-        n.add_argument("--steps", type=int, default=8)
-        n.add_argument("--microbatches", type=int, default=4)
-        n.add_argument("--batch", type=int, default=256)
-        n.add_argument("--width", type=int, default=4096)
-        n.add_argument("--blocks", type=int, default=4)
+        n.add_argument("--steps", type=_positive_int, default=8)
+        n.add_argument("--microbatches", type=_positive_int, default=4)
+        n.add_argument("--batch", type=_positive_int, default=256)
+        n.add_argument("--width", type=_positive_int, default=4096)
+        n.add_argument("--blocks", type=_positive_int, default=4)
         n.add_argument("--burst", default="64kb")
         n.add_argument("--latency-us", type=float, default=500.0, help="per-message latency the model assumes")
         n.add_argument("--efficiency", type=float, default=0.95,

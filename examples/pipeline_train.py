@@ -45,6 +45,12 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--width", type=int, default=128)
     args = parser.parse_args()
+    for name in ("steps", "batch", "microbatches", "width"):  # checked before any rank waits for another
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.batch % args.microbatches:
+        parser.error(f"--batch {args.batch} does not split into --microbatches {args.microbatches} equal "
+                     "micro-batches; choose a batch that is a multiple of the micro-batches")
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -68,3 +68,18 @@ def test_exhaustive_refuses_what_it_cannot_search():
     cpu = switched([1e9] * 2)
     with pytest.raises(ValueError, match="models free transfers"):
         exhaustive_plan(random_profile(3, seed=0), dataclasses.replace(cpu, transfer_cpu=TransferCpu(1.0)), 2)
+
+
+def test_brute_force_within_a_memory_limit():
+    """Candidates that do not fit are skipped (one crashed on None), and a
+    problem that nothing fits is the planner's error (it returned None)."""
+    from dearcomm.pipeline import LayerProfile, brute_force, chain, check_memory, uniform
+    heavy = chain("m", [LayerProfile(f"l{i}", 1.0, 2.0, 1e3, 1e8) for i in range(3)])
+    topology = uniform(3, gbytes_per_s=0.01).with_memory(5e8)
+    plan = brute_force(heavy, topology, 4)
+    check_memory(plan, heavy, topology)
+    assert plan.bounds == (0, 1, 2, 3)
+    four = chain("m", [LayerProfile(f"l{i}", 1.0, 2.0, 1e6, 1e6) for i in range(4)])
+    with pytest.raises(ValueError, match=r"dearcomm: brute_force\(\): no plan fits in memory; .* stage 1 "
+                                         r"\(layers \[2, 4\)\) needs 1.1e\+07 bytes"):
+        brute_force(four, uniform(2).with_memory(7e6), 4)

@@ -66,3 +66,55 @@ def test_memory_limits_from_numpy():
     from dearcomm.pipeline import uniform
     assert uniform(3).with_memory(np.array([1e9, 2e9, 3e9])).memory_bytes == (1e9, 2e9, 3e9)
     assert uniform(2).with_memory(np.float64(5e9)).memory_bytes == (5e9, 5e9)
+
+
+def test_a_coarsened_profile_stashes_what_its_layers_stash():
+    """A merged block stashes every one of its layers' outputs: with only
+    the last one counted, a plan that fit the coarsened profile overflowed
+    on the layers it stands for. The cuts between blocks keep their sizes."""
+    from dearcomm.pipeline import coarsen
+    from dearcomm.pipeline.memory import stash_bytes
+    layers = [LayerProfile(f"l{i}", 1.0, 2.0, (i + 1) * MB, MB) for i in range(6)]
+    fine = chain("six", layers)
+    coarse = coarsen(fine, 3)
+    ends = [0] + [[l.name for l in layers].index(b.name.split("..")[-1]) + 1 for b in coarse.layers]
+    assert len(coarse) == 3 and ends[-1] == 6
+    for k in range(len(coarse)):
+        assert stash_bytes(coarse, k, k + 1) == stash_bytes(fine, ends[k], ends[k + 1])
+    assert coarse.cut_bytes == tuple(fine.boundary_bytes(b) for b in ends[1:-1])
+    # The same plan needs the same bytes on the blocks as on their layers.
+    plan = plan_pipeline(coarse, switched([1e9] * 3), 4)
+    same = Plan(tuple(ends[b] for b in plan.bounds), plan.devices, plan.orders, 4, "fine")
+    assert device_memory(plan, coarse) == pytest.approx(device_memory(same, fine))
+
+
+def test_device_orders_differ_by_memory():
+    """The DP gives stage 0 the first device of an order, so orders that
+    differ only in which device is small are not the same to the planner:
+    taken as one, the small device got the heavy stage (no plan fit at all,
+    or a slower one depending on how the devices were numbered)."""
+    from dearcomm.pipeline import uniform
+    from dearcomm.pipeline.memory import least_memory_split
+    heavy = chain("x", [LayerProfile("a", 1, 2, 1, 1.25 * MB), LayerProfile("b", 1, 2, 1, 1.25 * MB),
+                        LayerProfile("c", 1, 2, 1, 0.125 * MB)])
+    for memory in ([MB, 10.1 * MB], [10.1 * MB, MB]):
+        topology = uniform(2).with_memory(memory)
+        plan = plan_pipeline(heavy, topology, 4)
+        check_memory(plan, heavy, topology)
+        big = memory.index(max(memory))
+        assert plan.bounds == (0, 2, 3) and plan.devices == ((big,), (1 - big,))
+        # The last resort pairs needs with capacities: the heavy stage on the big device.
+        bounds, devices, (ratio, _, _, _) = least_memory_split(heavy, topology)
+        assert (bounds, devices) == ((0, 2, 3), ((big,), (1 - big,))) and ratio <= 1
+    # An embedding-heavy first layer: the same devices numbered otherwise plan the same iteration.
+    layers = [LayerProfile("emb", 2, 4, MB, 200 * MB)] + [LayerProfile(f"l{i}", 5, 10, MB, MB) for i in range(1, 12)]
+    embedding = chain("emb", layers)
+    times = []
+    for small in (0, 1):
+        memory = [1e9] * 6
+        memory[small] = 200 * MB
+        topology = uniform(6).with_memory(memory)
+        plan = plan_pipeline(embedding, topology, 8)
+        check_memory(plan, embedding, topology)
+        times.append(plan.predicted_ms)
+    assert times[0] == pytest.approx(times[1])

@@ -86,6 +86,19 @@ def test_a_structurally_wrong_file_is_refused_by_name(tmp_path, data, message):
         load_shared_profile("m", str(path))
 
 
+def test_repeated_ids_in_rows_are_refused_by_name(tmp_path):
+    """Rows name their edges by index, but the profile joins layers by id:
+    a repeated id gave one layer's edges to another, and wrong cut sizes."""
+    columns = ["id", "op", "forward_ms", "backward_ms", "activation_bytes", "param_bytes"]
+    rows = [["x", "L", 1, 2, 10, 1], ["x", "L", 1, 2, 100, 1], ["y", "L", 1, 2, 1000, 1], ["z", "L", 1, 2, 1e4, 1]]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"columns": columns, "models": {"m": {"layers": rows,
+                                                                     "edges": [[0, 1], [1, 2], [2, 3], [0, 3]]}}}))
+    with pytest.raises(ValueError, match=r"dearcomm: profile 'm' in .*mine.json: layer id 'x' appears twice "
+                                         r"\(layer 1\); ids must be unique"):
+        load_shared_profile("m", str(path))
+
+
 def test_a_file_that_is_not_json_is_named(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text('{"m": ')

@@ -3,7 +3,8 @@ run): parameters equal single-process training on the global batch after
 every step, for partitions with and without replicated stages (and a stage
 without parameters) and for the GPipe, 1F1B, list-scheduled and planned
 orders, at world sizes 2, 3 and 4 (a stage that starts with an in-place
-ReLU among them); misuse (a plan for more ranks, ranks that disagree on the
+ReLU, a replica without a micro-batch, a frozen first stage and BatchNorm's
+statistics among them); misuse (a plan for more ranks, ranks that disagree on the
 plan, orders that deadlock, a module that is not a chain, a batch of another
 shape) is an error on every rank before anything hangs. profile_sequential
 on real modules."""
@@ -20,10 +21,15 @@ from tests.multiprocess import run_workers
 GLOBAL_BATCH, STEPS = 12, 3
 
 
-def make_model() -> nn.Sequential:
+def make_model(kind: str = "plain") -> nn.Sequential:
     torch.manual_seed(0)
     # In place, as torchvision's models: a stage that starts with it must not write the received leaf.
-    return nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 17), nn.ReLU(inplace=True), nn.Linear(17, 5))
+    model = nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 17), nn.ReLU(inplace=True), nn.Linear(17, 5))
+    if kind == "frozen-first":  # a first stage with nothing to train (a frozen embedding, a Flatten)
+        model[0].requires_grad_(False)
+    if kind == "batchnorm":  # running statistics: one micro-batch, so that one process sees the same batches
+        model[1] = nn.BatchNorm1d(13)
+    return model
 
 
 def make_data(step: int):
@@ -47,6 +53,7 @@ def build_plan(case: str, world: int, M: int) -> Plan:
         "three-stages": ((0, 1, 3, 5), ((0,), (1,), (2,))),
         "replicated-middle": ((0, 1, 4, 5), ((0,), (1, 2), (3,))),
         "four-stages": ((0, 1, 2, 4, 5), ((0,), (1,), (2,), (3,))),
+        "one-replicated-stage": ((0, 5), ((0, 1),)),
     }
     if case == "planned":
         return plan_pipeline(profile, topo, M)
@@ -71,14 +78,16 @@ def _worker(rank, world, cases):
     return worst
 
 
-def _one_case(rank, world, case, M, optim):
+def _one_case(rank, world, case, M, optim, kind="plain"):
     from dearcomm.pipeline.runtime import PipelineRuntime
     plan = build_plan(case, world, M)
-    model = make_model()
+    model = make_model(kind)
     reference = copy.deepcopy(model)
     ref_opt = make_optimizer(optim)(reference.parameters())
     loss_fn = nn.functional.cross_entropy
     runtime = PipelineRuntime(model, plan, loss_fn, make_optimizer(optim), make_data(0)[0].chunk(M)[0])
+    # Building it trained nothing: the shape probe left BatchNorm's statistics as they were.
+    assert all(torch.equal(p, q) for p, q in zip(model.buffers(), reference.buffers()))
     where = plan.stage_of_device(rank)
     worst = 0.0
     for step in range(STEPS):
@@ -96,6 +105,8 @@ def _one_case(rank, world, case, M, optim):
         mine = list(runtime.module.parameters())
         ref = [p for child in list(reference.children())[a:b] for p in child.parameters()]
         assert len(mine) == len(ref)
+        buffers = [b for child in list(reference.children())[a:b] for b in child.buffers()]
+        assert all(torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in zip(runtime.module.buffers(), buffers))
         for p, q in zip(mine, ref):
             err = float((p - q).abs().max() / q.abs().max().clamp_min(1e-12))
             worst = max(worst, err)
@@ -103,10 +114,15 @@ def _one_case(rank, world, case, M, optim):
     return worst
 
 
-CASES = {  # world size -> (plan, micro-batches, optimizer)
-    2: [("two-stages:gpipe", 4, "sgd"), ("two-stages:1f1b", 6, "adamw"), ("relu-first:1f1b", 4, "sgd")],
-    3: [("replicated-first:1f1b", 6, "sgd"), ("three-stages:list", 4, "adamw"), ("planned", 4, "sgd")],
-    4: [("replicated-middle:list", 6, "sgd"), ("four-stages:1f1b", 4, "adamw"), ("four-stages:gpipe", 2, "sgd")],
+CASES = {  # world size -> (plan, micro-batches, optimizer[, model])
+    # A replica without a micro-batch (fewer micro-batches than replicas, as
+    # PipeDream's plans have) still joins its stage's all-reduce.
+    2: [("two-stages:gpipe", 4, "sgd"), ("two-stages:1f1b", 6, "adamw"), ("relu-first:1f1b", 4, "sgd"),
+        ("one-replicated-stage:list", 1, "adamw"), ("two-stages:gpipe", 1, "sgd", "batchnorm")],
+    3: [("replicated-first:1f1b", 6, "sgd"), ("three-stages:list", 4, "adamw"), ("planned", 4, "sgd"),
+        ("replicated-first:list", 1, "sgd")],
+    4: [("replicated-middle:list", 6, "sgd"), ("four-stages:1f1b", 4, "adamw"), ("four-stages:gpipe", 2, "sgd"),
+        ("four-stages:1f1b", 4, "sgd", "frozen-first")],
 }
 
 

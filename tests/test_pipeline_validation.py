@@ -33,7 +33,8 @@ PLAN_S = 30        # a property case plans and simulates (well under a second wh
 STARTUP_S = 120    # a spawned worker imports torch and dearcomm
 
 # Bad values per sort of field; "text" and "bool" are wrong types (TypeError).
-REALS = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1.0, "bool": True, "text": "2"}
+HUGE = 10 ** 400   # an int past any float: an OverflowError in float arithmetic
+REALS = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1.0, "bool": True, "text": "2", "huge": HUGE}
 POSITIVE_REALS = {**REALS, "zero": 0.0}                     # a rate that must carry data
 INDICES = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1, "fraction": 2.5, "float": 2.0, "bool": True,
            "text": "2"}                                      # a count or index where 0 is fine
@@ -370,7 +371,8 @@ def test_bad_numbers_are_refused_by_name(worker, name):
     classes, message = _raised(worker.run(name, CASE_S), name)
     wrong_type = isinstance(value, (bool, str))
     assert ("TypeError" if wrong_type else "ValueError") in classes, (classes, message)
-    for part in (row.field, row.where, repr(value)):
+    shown = "an int of 401 digits" if value is HUGE else repr(value)
+    for part in (row.field, row.where, shown):
         assert part in message, f"{name}: {part!r} missing from {message!r}"
 
 

@@ -1,7 +1,8 @@
 """The best plan under the three order rules for small problems (≤ 8 layers,
 ≤ 4 devices): every partition × every assignment of ordered, disjoint device
 groups to the stages (unused devices allowed), each scheduled by list
-scheduling, 1F1B and GPipe and simulated; the shortest wins. Candidates whose
+scheduling, 1F1B and GPipe within the devices' memory and simulated; the
+shortest wins (none fitting is an error). Candidates whose
 lower bound (the busiest replica's compute, or one micro-batch's way through
 every stage) already reaches the best found are skipped.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from . import validate
 from .candidates import all_candidates
+from .memory import DEFAULT_OPTIMIZER_SLOTS, no_fit_error
 from .partition import sync_estimate
 from .plan import Plan, check_sizes
 from .planner import best_scheduled
@@ -34,6 +36,8 @@ def brute_force(profile: ModelProfile, topology: Topology, num_microbatches: int
         if best is not None and lower >= best.predicted_ms - 1e-9:
             continue
         plan = best_scheduled(profile, topology, [(bounds, groups)], M, "brute-force")
-        if best is None or plan.predicted_ms < best.predicted_ms - 1e-9:
-            best = plan
+        if plan is not None and (best is None or plan.predicted_ms < best.predicted_ms - 1e-9):
+            best = plan  # None: it does not fit in memory
+    if best is None:
+        raise no_fit_error(profile, topology, DEFAULT_OPTIMIZER_SLOTS, "brute_force()")
     return best

@@ -25,6 +25,7 @@ against plain enumeration of every order on tiny problems).
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -33,10 +34,10 @@ from typing import Dict, List, Optional, Tuple
 from . import validate
 from .brute_force import MAX_DEVICES, MAX_LAYERS
 from .candidates import all_candidates
-from .memory import DEFAULT_OPTIMIZER_SLOTS, in_flight_caps
+from .memory import DEFAULT_OPTIMIZER_SLOTS, check_memory, in_flight_caps
 from .plan import BACKWARD, FORWARD, Plan, Task, check_sizes
 from .profile import ModelProfile
-from .simulate import Costs
+from .simulate import Costs, simulate
 from .topology import Topology
 
 MAX_MICROBATCHES = 8
@@ -339,7 +340,7 @@ def exhaustive_plan(profile: ModelProfile, topology: Topology, num_microbatches:
         from .planner import plan_pipeline
         start = plan_pipeline(profile, topology, M, optimizer_slots=optimizer_slots)
     validate.instance(start, Plan, "start", where)
-    best, t0 = start, time.perf_counter()
+    best, t0 = _checked_start(start, profile, topology, M, optimizer_slots, where), time.perf_counter()
     cands = all_candidates(profile, topology, M, D)
     searched = nodes = 0
     for lower, (bounds, groups), costs in cands:
@@ -355,6 +356,24 @@ def exhaustive_plan(profile: ModelProfile, topology: Topology, num_microbatches:
     if stats is not None:
         stats.update(candidates=len(cands), searched=searched, nodes=nodes, seconds=time.perf_counter() - t0)
     return best
+
+
+def _checked_start(start: Plan, profile: ModelProfile, topology: Topology, M: int, optimizer_slots: float,
+                   where: str) -> Plan:
+    """A plan to beat, for this problem: its layers, devices, micro-batches
+    and memory, its time simulated here (a time from another problem would
+    be a wrong bound)."""
+    if start.num_microbatches != M:
+        raise ValueError(f"dearcomm: {where}: start plan {start.name!r} has {start.num_microbatches} "
+                         f"micro-batches, the problem {M}")
+    try:
+        ms = simulate(start, profile, topology).makespan_ms  # checks it against the profile and topology
+        if topology.memory_bytes:
+            check_memory(start, profile, topology, optimizer_slots)
+    except ValueError as e:
+        raise ValueError(f"dearcomm: {where}: start plan {start.name!r} does not fit this problem: "
+                         f"{str(e).removeprefix('dearcomm: ')}") from e
+    return dataclasses.replace(start, predicted_ms=ms)
 
 
 def order_bound(costs: Costs, num_microbatches: int, caps: Dict[int, int]) -> float:

@@ -3,8 +3,9 @@ devices of the order, so the order decides which boundaries cross which
 links and which devices a replicated stage's all-reduce rings over.
 
 Exhaustive where it is cheap: every permutation, keeping one per distinct
-view of the links (orders that look the same to the planner give the same
-plans) when there are at most `exhaustive_limit` of them. Otherwise a
+view of the links and of the devices' memory (orders that look the same to
+the planner give the same plans) when there are at most `exhaustive_limit`
+of them. Otherwise a
 heuristic: greedy chains that always step to the widest free link (from
 every start device), their reverses, then pairwise swaps of the best order
 while they improve the estimate.
@@ -19,20 +20,24 @@ from .topology import Topology
 Order = Tuple[int, ...]
 
 
-def _signature(bw, order: Sequence[int]) -> Tuple:
-    return tuple(bw[a][b] for a in order for b in order)
+def _signature(view, order: Sequence[int]) -> Tuple:
+    links, memory = view
+    return tuple(links[a][b] for a in order for b in order) + tuple(memory[d] for d in order)
 
 
 def _link_views(topology: Topology):
     n = topology.size
     # Bandwidth, latency and the kind of shared resource: enough to tell orders apart.
-    return [[(topology.link_bandwidth(a, b), topology.link_latency(a, b),
-              tuple(str(r[0]) if isinstance(r, tuple) else str(r) for r in topology.resources(a, b)))
-             if a != b else None for b in range(n)] for a in range(n)]
+    links = [[(topology.link_bandwidth(a, b), topology.link_latency(a, b),
+               tuple(str(r[0]) if isinstance(r, tuple) else str(r) for r in topology.resources(a, b)))
+              if a != b else None for b in range(n)] for a in range(n)]
+    # And each device's memory: the DP gives stage s the devices at its place
+    # in the order, so the same links with a smaller device first plan otherwise.
+    return links, [topology.memory_of(d) for d in range(n)]
 
 
 def distinct_orders(topology: Topology, limit: int) -> List[Order]:
-    """Every device order up to link-view equivalence, or [] if there are
+    """Every device order up to link-and-memory equivalence, or [] if there are
     more than `limit` (or the devices are too many to enumerate, > 8)."""
     n = topology.size
     if n > 8:

@@ -99,13 +99,41 @@ def describe_need(profile: ModelProfile, a: int, b: int, in_flight: int, optimiz
             f"{static:.4g}, {in_flight} micro-batch(es) of activations at {stash:.4g} each)")
 
 
+_FALLBACK_WORK = 4e6  # DP steps the fallback may take; more distinct capacities are grouped
+
+
+def _capacity_classes(topology: Topology, layers: int, most: int):
+    """The devices in classes of one capacity each (largest first), and each
+    class's capacity. Where the DP over devices used per class would take
+    more than _FALLBACK_WORK steps, the two neighbouring classes closest in
+    capacity merge, counted at the smaller: a split found to fit then fits."""
+    by_size = sorted(range(topology.size), key=lambda d: (-topology.memory_of(d), d))
+    pools: list = []
+    for d in by_size:
+        if pools and topology.memory_of(pools[-1][-1]) == topology.memory_of(d):
+            pools[-1].append(d)
+        else:
+            pools.append([d])
+
+    def work() -> float:
+        return layers * layers / 2 * len(pools) * math.prod(min(len(p), most) + 1 for p in pools)
+
+    while len(pools) > 1 and work() > _FALLBACK_WORK:
+        k = max(range(len(pools) - 1), key=lambda k: topology.memory_of(pools[k + 1][0]) /
+                topology.memory_of(pools[k][-1]))
+        pools[k:k + 2] = [pools[k] + pools[k + 1]]
+    return pools, [topology.memory_of(p[-1]) for p in pools]
+
+
 def least_memory_split(profile: ModelProfile, topology: Topology,
                        optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS, max_stages: Optional[int] = None):
     """The split whose stages fit best, each on one device with one
-    micro-batch in flight: for every stage count (up to max_stages), the partition of least
-    peak stage (DP), its stages paired largest-first with the largest
-    devices. Returns (bounds, devices, (worst need / capacity, stage, need,
-    device)); the planner's last resort and the error when nothing fits."""
+    micro-batch in flight: the partition into at most max_stages stages and
+    the devices for them of least worst need / capacity (a DP over layers
+    placed and devices used of each capacity; fewer stages on a tie). The
+    least largest need alone would put a heavy stage on a small device.
+    Returns (bounds, devices, (worst need / capacity, stage, need, device));
+    the planner's last resort and the error when nothing fits."""
     L = len(profile)
     params, acts = [0.0], [0.0]
     for l in profile.layers:
@@ -116,9 +144,56 @@ def least_memory_split(profile: ModelProfile, topology: Topology,
         return (params[b] - params[a]) * (2.0 + optimizer_slots) + (profile.boundary_bytes(a) if a else 0.0) + \
             acts[b] - acts[a]
 
+    S_max = min(L, topology.size, max_stages or L)
+    pools, capacity = _capacity_classes(topology, L, S_max)
+    found = _fewest_ratio_split(need, L, S_max, pools, capacity, topology)
+    if len(pools) < len({topology.memory_of(d) for d in range(topology.size)}):
+        # Classes were merged, so the DP may miss: the split of least largest need may do better.
+        found = min(found, _least_need_split(need, L, S_max, topology), key=lambda f: f[0])
+    worst, bounds, devices = found
+    s = worst[1]
+    return bounds, tuple((d,) for d in devices), (worst[0], s, need(bounds[s], bounds[s + 1]), devices[s])
+
+
+def _fewest_ratio_split(need, L: int, S_max: int, pools, capacity, topology: Topology):
+    """((worst ratio, its stage), bounds, devices) of least worst ratio."""
+    # best[j][used]: (worst ratio, layers before, class) of layers [0, j) on
+    # used[k] devices of class k
+    best = [dict() for _ in range(L + 1)]
+    best[0][(0,) * len(pools)] = (0.0, None, None)
+    for j in range(1, L + 1):
+        for i in range(j):
+            for used, (worst, _, _) in best[i].items():
+                if sum(used) == S_max:
+                    continue
+                for k, pool in enumerate(pools):
+                    if used[k] == len(pool):
+                        continue
+                    ratio = max(worst, need(i, j) / capacity[k])
+                    key = used[:k] + (used[k] + 1,) + used[k + 1:]
+                    if key not in best[j] or ratio < best[j][key][0]:
+                        best[j][key] = (ratio, i, k)
+    used = min(best[L], key=lambda u: (best[L][u][0], sum(u), tuple(-n for n in u)))
+    stages, j = [], L
+    while j:
+        _, i, k = best[j][used]
+        stages.append((i, j, k))
+        used, j = used[:k] + (used[k] - 1,) + used[k + 1:], i
+    stages.reverse()
+    taken = [0] * len(pools)
+    devices = []
+    for _, _, k in stages:
+        devices.append(pools[k][taken[k]])
+        taken[k] += 1
+    return _verdict(need, tuple(a for a, _, _ in stages) + (L,), devices, topology)
+
+
+def _least_need_split(need, L: int, S_max: int, topology: Topology):
+    """For every stage count, the partition of least largest need, its
+    stages paired largest-first with the largest devices; the least worst ratio."""
     by_size = sorted(range(topology.size), key=lambda d: (-topology.memory_of(d), d))
     best = None
-    for S in range(1, min(L, topology.size, max_stages or L) + 1):
+    for S in range(1, S_max + 1):
         # least[s][j]: (the least peak stage, parent) of layers [0, j) in s stages
         least = [[(math.inf, 0)] * (L + 1) for _ in range(S + 1)]
         least[0][0] = (0.0, 0)
@@ -132,12 +207,16 @@ def least_memory_split(profile: ModelProfile, topology: Topology,
         bounds = tuple(reversed(bounds))
         stages = sorted(range(S), key=lambda s: (-need(bounds[s], bounds[s + 1]), s))
         device_of = {s: by_size[i] for i, s in enumerate(stages)}
-        worst = max((need(bounds[s], bounds[s + 1]) / topology.memory_of(device_of[s]), s) for s in range(S))
-        s = worst[1]
-        verdict = (worst[0], s, need(bounds[s], bounds[s + 1]), device_of[s])
-        if best is None or verdict[0] < best[2][0]:
-            best = (bounds, tuple((device_of[s],) for s in range(S)), verdict)
+        found = _verdict(need, bounds, [device_of[s] for s in range(S)], topology)
+        if best is None or found[0][0] < best[0][0]:
+            best = found
     return best
+
+
+def _verdict(need, bounds, devices, topology: Topology):
+    """((worst need / capacity, its stage), bounds, devices) of a split, stage s on devices[s]."""
+    worst = max((need(bounds[s], bounds[s + 1]) / topology.memory_of(d), s) for s, d in enumerate(devices))
+    return worst, tuple(bounds), tuple(devices)
 
 
 def no_fit_error(profile: ModelProfile, topology: Topology, optimizer_slots: float, where: str,

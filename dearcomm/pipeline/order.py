@@ -32,8 +32,9 @@ def gpipe_orders(devices: Sequence[Sequence[int]], num_microbatches: int) -> Ord
 def one_f_one_b_orders(devices: Sequence[Sequence[int]], num_microbatches: int,
                        profile: Optional[ModelProfile] = None, topology: Optional[Topology] = None,
                        bounds: Optional[Sequence[int]] = None) -> Orders:
-    """1F1B (PipeDream-flush): stage s of S runs S - s - 1 warm-up forwards,
-    then alternates one forward and one backward, then drains the backwards.
+    """1F1B (PipeDream-flush): stage s of S runs S - s forwards before its
+    first backward (S - s - 1 warm-ups and the first of the steady state),
+    then alternates one backward and one forward, then drains the backwards.
     With replicated stages a fixed alternation can deadlock, so there (and
     only there; profile, topology and bounds are then needed) it is list
     scheduling with the same memory rule per device: at most S - s forwards

@@ -43,8 +43,8 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
                   optimizer_slots: float = DEFAULT_OPTIMIZER_SLOTS) -> Plan:
     """The planned Plan, its predicted_ms set by the simulator.
 
-    max_stages: cap on pipeline stages (default: layers or devices, whichever
-    is fewer); finalists: candidates simulated; num_caps: bottleneck caps per
+    max_stages: cap on pipeline stages (default, and at most: layers or
+    devices, whichever is fewer); finalists: candidates simulated; num_caps: bottleneck caps per
     DP; exhaustive_limit: distinct device orders above which the mapping
     search turns heuristic; refine_budget: simulations the local search may
     spend (0: none), shared by `starts` climbs; order_budget: simulations the
@@ -65,7 +65,7 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
     validate.nonnegative_int(order_budget, "order_budget", where)
     validate.nonnegative_int(enumerate_limit, "enumerate_limit", where)
     validate.finite_nonnegative(optimizer_slots, "optimizer_slots", where)
-    check_sizes(len(profile), topology.size, max_stages, num_microbatches, where)
+    check_sizes(len(profile), topology.size, None, num_microbatches, where)  # max_stages is a cap: clamped below
     M = num_microbatches
     S_max = min(max_stages or len(profile), len(profile), topology.size)
     pool: List[Tuple[float, Candidate]] = []

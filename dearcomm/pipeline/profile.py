@@ -106,7 +106,10 @@ def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
     """Merges neighbouring layers into at most `max_layers` blocks of similar
     compute, so that planning stays fast on 100-400-layer graphs. Among the
     cut points near each equal-time mark, the one with the fewest bytes wins
-    (planners only split at block boundaries, so cheap cuts must survive)."""
+    (planners only split at block boundaries, so cheap cuts must survive).
+    A block's activation_bytes is the sum of its layers' outputs: a stage
+    stashes every layer's output (memory.stash_bytes), not only the last;
+    the cuts between blocks keep their own sizes."""
     validate.instance(profile, ModelProfile, "profile", "coarsen()")
     validate.positive_int(max_layers, "max_layers", "coarsen()")
     n = len(profile)
@@ -135,7 +138,7 @@ def coarsen(profile: ModelProfile, max_layers: int) -> ModelProfile:
         group = profile.layers[a:b]
         name = group[0].name if len(group) == 1 else f"{group[0].name}..{group[-1].name}"
         layers.append(LayerProfile(name, profile.forward_ms(a, b), profile.backward_ms(a, b),
-                                   group[-1].activation_bytes, profile.param_bytes(a, b)))
+                                   sum(l.activation_bytes for l in group), profile.param_bytes(a, b)))
         if b < n:
             cut_bytes.append(profile.boundary_bytes(b))
     return ModelProfile(profile.name, tuple(layers), tuple(cut_bytes))

@@ -118,6 +118,7 @@ def _entry(name: str, path: Optional[str]) -> Tuple[List[Dict], List[Tuple[str, 
                              f"({', '.join(_COLUMNS)}), got {row!r:.80}")
         records.append(dict(zip(("id", "op") + _OBJECT_KEYS[1:], row)))
     ids = [r["id"] for r in records]
+    _unique(ids, where)  # the edges name layers by index, but the profile joins them by id
     for e in edges:  # indices are ints (1.0 would pass as a key of the positions, then fail as a list index)
         if isinstance(e, list) and any(not isinstance(x, int) or isinstance(x, bool) for x in e):
             raise ValueError(f"dearcomm: {where}: edge {e!r:.40} must be two layer indices of this profile (ints)")
@@ -127,15 +128,8 @@ def _entry(name: str, path: Optional[str]) -> Tuple[List[Dict], List[Tuple[str, 
 
 def _edges(edges: List, ids: List, position: Dict, named_by: str, where: str) -> List[Tuple]:
     """The edges, checked: pairs of known layer ids (or indices), each from an
-    earlier layer to a later one, the ids unique (a repeated id would take
-    another layer's edges)."""
-    seen = set()
-    for i, layer_id in enumerate(ids):
-        if not isinstance(layer_id, (str, int)) or isinstance(layer_id, bool):
-            continue  # _layer names what is wrong with it
-        if layer_id in seen:
-            raise ValueError(f"dearcomm: {where}: layer id {layer_id!r} appears twice (layer {i}); ids must be unique")
-        seen.add(layer_id)
+    earlier layer to a later one, the ids unique."""
+    _unique(ids, where)
     out = []
     for e in edges:
         if not (isinstance(e, list) and len(e) == 2 and all(not isinstance(x, (bool, list, dict)) and x in position
@@ -146,6 +140,18 @@ def _edges(edges: List, ids: List, position: Dict, named_by: str, where: str) ->
                              "layers are in topological order, so every edge runs forward")
         out.append(tuple(e))
     return out
+
+
+def _unique(ids: List, where: str) -> None:
+    """Layer ids are unique: a repeated id would take another layer's edges
+    (and so the cut sizes of other layers' outputs)."""
+    seen = set()
+    for i, layer_id in enumerate(ids):
+        if not isinstance(layer_id, (str, int)) or isinstance(layer_id, bool):
+            continue  # _layer names what is wrong with it
+        if layer_id in seen:
+            raise ValueError(f"dearcomm: {where}: layer id {layer_id!r} appears twice (layer {i}); ids must be unique")
+        seen.add(layer_id)
 
 
 def _layer(entry: Dict, where: str) -> LayerProfile:

@@ -19,7 +19,8 @@ One step:
      isends the input's gradient (the last stage's B starts from the loss,
      scaled by 1/M so that the sum is the global batch's mean);
   3. it waits for its sends, all-reduces (sum) the gradients among its
-     stage's replicas (one flat buffer), and the optimizer steps.
+     stage's replicas (one flat buffer; a replica that got no micro-batch
+     adds zeros), and the optimizer steps.
 Deadlock freedom comes from the plan: the runtime refuses orders that
 deadlock (as simulate() does) and a plan that differs between ranks, and the
 process group's timeout ends anything else in an error.
@@ -63,15 +64,7 @@ class PipelineRuntime:
         S = plan.num_stages
         where = plan.stage_of_device(self.rank)
         self.stage, self.replica = where if where is not None else (None, None)
-        # Boundary shapes and dtypes from one no-grad pass of the whole model.
-        self._boundary: List[torch.Tensor] = []
-        with torch.no_grad():
-            x = sample_microbatch
-            for s in range(S):
-                a, b = plan.stage_layers(s)
-                for child in children[a:b]:
-                    x = child(x)
-                self._boundary.append(torch.empty_like(x))
+        self._boundary = _boundary_buffers(plan, children, sample_microbatch)
         # Every rank creates every replica group, in stage order (new_group is collective).
         self._replicas = None
         for s, devices in enumerate(plan.devices):
@@ -161,20 +154,18 @@ class PipelineRuntime:
                 if s < S - 1:
                     recvs[BACKWARD, m].wait()
                 t0, c0 = time.perf_counter(), time.thread_time()
-                out.backward(None if s == S - 1 else grads[m])
+                if out.requires_grad:  # else nothing before it trains: a frozen or parameter-free first stage
+                    out.backward(None if s == S - 1 else grads[m])
                 self.task_ms[BACKWARD, m] = (time.perf_counter() - t0) * 1e3
                 self.task_cpu_ms[BACKWARD, m] = (time.thread_time() - c0) * 1e3
                 if s > 0:
-                    sends.append(dist.isend(x.grad.contiguous(), self._peer(s - 1, m), group=self.group,
+                    grad = x.grad if x.grad is not None else torch.zeros_like(acts[m])
+                    sends.append(dist.isend(grad.contiguous(), self._peer(s - 1, m), group=self.group,
                                             tag=2 * m + 1))
         for w in sends:  # 3. drain, reduce among replicas, update
             w.wait()
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        if self._replicas is not None and params:
-            flat = torch._utils._flatten_dense_tensors([p.grad for p in params])
-            dist.all_reduce(flat, group=self._replicas)
-            for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in params])):
-                p.grad.copy_(g)
+        if self._replicas is not None:
+            self._reduce_replicas()
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -185,6 +176,43 @@ class PipelineRuntime:
             dist.all_reduce(total, group=self._last_group)
             loss_sum = float(total)
         return loss_sum
+
+
+    def _reduce_replicas(self) -> None:
+        """Sums the gradients over the stage's replicas. Every replica
+        enters, one that ran no micro-batch (more replicas than micro-batches)
+        too, with zeros: the last stage's loss is scaled by 1/M, so the sum
+        over all micro-batches is the global batch's gradient. One count per
+        parameter goes along, so that a parameter no replica's backward
+        reached keeps no gradient, as in one process."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        reached = torch.tensor([float(p.grad is not None) for p in params], dtype=grads[0].dtype)
+        flat = torch._utils._flatten_dense_tensors(grads + [reached])
+        dist.all_reduce(flat, group=self._replicas)
+        *summed, reached = torch._utils._unflatten_dense_tensors(flat, grads + [reached])
+        for p, g, n in zip(params, summed, reached.tolist()):
+            p.grad = g if n > 0 else None
+
+
+def _boundary_buffers(plan: Plan, children: List[nn.Module], sample: torch.Tensor) -> List[torch.Tensor]:
+    """Every stage's output shape and dtype from one no-grad pass of the whole
+    model. The pass trains nothing: buffers it moves (BatchNorm's running
+    statistics) are put back, as profile_sequential does."""
+    kept = [(buf, buf.clone()) for child in children for buf in child.buffers()]
+    out = []
+    with torch.no_grad():
+        x = sample
+        for s in range(plan.num_stages):
+            a, b = plan.stage_layers(s)
+            for child in children[a:b]:
+                x = child(x)
+            out.append(torch.empty_like(x))
+        for buf, value in kept:
+            buf.copy_(value)
+    return out
 
 
 def _check_locally(plan: Plan, children: List[nn.Module], sample: torch.Tensor, world: int) -> None:

@@ -201,9 +201,12 @@ class Topology:
 
     def permuted_signature(self, order: Sequence[int]) -> Tuple:
         """What a device order looks like to a planner: orders with the same
-        signature give the same plans, so mapping search tries only one."""
+        signature give the same plans, so mapping search tries only one.
+        The devices' memory belongs to it: the planner fills the order's
+        devices stage by stage, each stage within its devices' capacity."""
         return tuple((self.link_bandwidth(a, b) if a != b else 0.0, self.link_latency(a, b) if a != b else 0.0,
-                      self._resource_class(a, b)) for a in order for b in order)
+                      self._resource_class(a, b)) for a in order for b in order) + \
+            tuple(self.memory_of(d) for d in order)
 
     def _resource_class(self, a: int, b: int) -> Tuple:
         # Which other transfers this one shares resources with, as relative ranks.

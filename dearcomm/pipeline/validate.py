@@ -27,6 +27,8 @@ def _defect(value: Any, integer: bool) -> str:
         return "bool"
     if not isinstance(value, numbers.Real):
         return "non-numeric"
+    if not _fits_a_float(value):
+        return "huge"
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -41,10 +43,24 @@ def _defect(value: Any, integer: bool) -> str:
 def _fail(value: Any, field: str, where: str, expected: str, kind: Optional[str], integer: bool) -> None:
     defect = _defect(value, integer)
     head = f"{where} has {_article(defect)} {defect} {kind}" if kind else where
-    message = f"dearcomm: {head}: {field} must be {expected}, got {value!r}"
+    got = f"an int of {len(str(abs(value)))} digits" if defect == "huge" else repr(value)
+    message = f"dearcomm: {head}: {field} must be {expected}, got {got}"
     if defect in ("bool", "non-numeric"):
         raise TypeError(f"{message} (a {type(value).__name__})")
     raise ValueError(message)
+
+
+def _fits_a_float(value: Any) -> bool:
+    # An int past 1.8e308 (10**400) raises OverflowError in float arithmetic.
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _finite(value: Any) -> bool:
+    return _fits_a_float(value) and math.isfinite(value)
 
 
 def _is_real(value: Any) -> bool:
@@ -54,13 +70,13 @@ def _is_real(value: Any) -> bool:
 
 def finite_nonnegative(value: Any, field: str, where: str, kind: Optional[str] = None, note: str = "") -> None:
     """A time, a size, a bandwidth: any finite number >= 0."""
-    if not (_is_real(value) and math.isfinite(value) and value >= 0):
+    if not (_is_real(value) and _finite(value) and value >= 0):
         _fail(value, field, where, ">= 0 and finite" + note, kind, integer=False)
 
 
 def slowdown_factor(value: Any, field: str, where: str) -> None:
     """How many times longer something takes: any finite number >= 1 (1: not slowed)."""
-    if not (_is_real(value) and math.isfinite(value) and value >= 1):
+    if not (_is_real(value) and _finite(value) and value >= 1):
         _fail(value, field, where, "a finite factor >= 1 (1: not slowed)", None, integer=False)
 
 
@@ -73,7 +89,7 @@ def finite_sum(values: Sequence[float], what: str, where: str) -> None:
 
 def finite_positive(value: Any, field: str, where: str, kind: Optional[str] = None) -> None:
     """A rate that must carry something: any finite number > 0."""
-    if not (_is_real(value) and math.isfinite(value) and value > 0):
+    if not (_is_real(value) and _finite(value) and value > 0):
         _fail(value, field, where, "> 0 and finite", kind, integer=False)
 
 
