@@ -101,8 +101,14 @@ class DearModule:
         hooks removed, engine and bucket buffers released once nothing else
         holds them. The module keeps its (current) parameters and is again of
         its original class; its optimizer can no longer step. Dropping the
-        module without close() frees the same, by garbage collection."""
-        self._detach(finish=True)
+        module without close() frees the same, by garbage collection. Where
+        finishing fails (a peer is gone), the module is detached all the
+        same and the error raised: buckets whose all-gather did not finish
+        hold parameters from before the last step."""
+        try:
+            self._dear.sync()
+        finally:
+            self._detach(finish=False)
 
     def _detach(self, finish: bool) -> None:
         """close(); without finishing pending work where ``finish`` is False

@@ -135,6 +135,9 @@ class DistributedOptimizer(Optimizer):
                 "(no scaler), or wrap(..., max_delay=0)")
         if scaling:
             self._scaler = weakref.ref(grad_scaler)
+        # First on the training group: a rank that skipped this step meets it here (see _skip_votes);
+        # read at once where this step all-reduces more on that group, which a skipping rank would not join.
+        self._runtime.skip_votes.cast(skipped=False, read_now=scaling or self._runtime.options.max_grad_norm is not None)
         clipping = self._runtime.options.max_grad_norm is not None or self._pending_clip is not None
         engine.begin_step(averages_needed=scaling or clipping)  # waits for the reductions unless the schedule leaves them to the next forward
         user_unscaled = scaling and _scaler_stage(grad_scaler, self) == "UNSCALED"

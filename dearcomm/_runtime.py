@@ -56,6 +56,7 @@ from ._delays import bucket_delays
 from ._cpu_switches import check_switches
 from ._engine_group import engine_group
 from ._priorities import bucket_priorities
+from ._skip_votes import SkipVotes
 from ._torch_collectives import broadcast_within, within
 from .overlap import OverlapMonitor
 from ._update import strategy_class
@@ -122,6 +123,7 @@ class DearRuntime:
             raise ValueError("dearcomm: the module has no parameter that requires grad; nothing to train")
         self.by_name: Dict[str, nn.Parameter] = {name: p for p, name in self.names.items()}
         self._check_blocks()
+        self.skip_votes = SkipVotes(self.group, self.rank, self.world_size, self.timeout, next(iter(self.names)).device)
 
         self.engine: Optional[_C.Engine] = None
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
@@ -164,7 +166,9 @@ class DearRuntime:
             self._handles.append(param.register_post_accumulate_grad_hook(_weak_hook(self._on_grad)))
         self._engine_group: Optional[dist.ProcessGroup] = None  # the CPU engine's connections (_engine_group.py)
         self._broadcasts_buffers = options.broadcast_buffers and next(module.buffers(), None) is not None
-        self._handles.append(module.register_forward_pre_hook(_weak_hook(self._check_last_backward_ended)))
+        # Before the root's own wait for its parameters' all-gathers (prepended): that wait would fail first.
+        self._handles.append(module.register_forward_pre_hook(_weak_hook(self._check_last_backward_ended),
+                                                              prepend=True))
         self._handles.append(module.register_forward_hook(_weak_hook(self._after_training_forward)))
 
     # ---- hooks -------------------------------------------------------------
@@ -257,7 +261,9 @@ class DearRuntime:
         end never ran: that backward raised after some gradients reached the
         engine (an out-of-memory caught by the loop, say). Its reductions were
         issued for some buckets and not others, on this rank and maybe
-        differently on the others: the ranks' collectives no longer pair up."""
+        differently on the others: the ranks' collectives no longer pair up.
+        Also where the ranks' votes on the last step are read (see _skip_votes)."""
+        self.skip_votes.read()
         if not (self._end_of_backward_queued and module.training and torch.is_grad_enabled()):
             return
         if torch._C._current_graph_task_id() != -1:
@@ -615,6 +621,7 @@ class DearRuntime:
                 "dearcomm: zero_grad() between backward and step() skips the step, which schedule='deft' with "
                 "delayed buckets cannot do: a delayed gradient of an earlier backward is applied at this step. "
                 "Skip steps with wrap(..., max_delay=0), or call step()")
+        self.skip_votes.cast(skipped=True)  # raises where other ranks stepped, before a collective of the skip
         self.engine.begin_step(averages_needed=True)
         self.forget_grad_versions()
         self.engine.skip_step()
@@ -623,6 +630,7 @@ class DearRuntime:
         self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
 
     def sync(self) -> None:
+        self.skip_votes.read()
         if self.engine is not None:
             self.engine.flush()
             if self._unreported:

@@ -183,7 +183,8 @@ def wrap(
     # sharded form would otherwise start from nothing.
     carried = optimizer.state_dict() if optimizer.state else None
 
-    _check_same_model_on_every_rank(module, options, carried is not None)
+    _exit.install()  # before the first collective: a clean exit beside gloo's threads (see _exit.py), errors too
+    _check_same_model_on_every_rank(module, options, carried is not None, auto, auto_max_delay)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     if auto:
@@ -191,7 +192,6 @@ def wrap(
                                    max_delay=auto_max_delay)
     elif plans_itself(options) and runtime.world_size > 1:
         runtime.planner = SelfPlanner(runtime, module, optimizer)  # plans at the first training forward
-    _exit.install()  # a clean exit beside torch DDP's collectives too (see _exit.py)
     wrapped = DistributedOptimizer(optimizer, runtime)
     if carried is not None:
         wrapped.load_state_dict(carried)
@@ -279,16 +279,25 @@ def _signature(module: nn.Module) -> List[Entry]:
             + [("buffer", n, tuple(b.shape), str(b.dtype), None) for n, b in module.named_buffers()])
 
 
-def _layout_options(options: WrapOptions) -> dict:
-    """The options every rank must share: they decide the buckets and collectives."""
+def _layout_options(options: WrapOptions, auto: Sequence[str] = (), auto_max_delay: Optional[int] = None) -> dict:
+    """The options every rank must share: they decide the buckets and the
+    collectives (find_unused_parameters and max_grad_norm each add one,
+    broadcast_buffers one per forward), as wrap() was given them ("auto"
+    where it was, not the value it starts from)."""
     blocks = {name: list(pieces) for name, pieces in (options.blocks or {}).items()}  # already plain ints
-    return dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
-                partition_mb=options.partition_mb, blocks=blocks, priorities=dict(options.priorities or {}),
-                credit_mb=options.credit_mb, max_delay=options.max_delay, delays=dict(options.delays or {}),
-                comm_dtype=str(options.comm_dtype))
+    shared = dict(schedule=options.schedule, update=options.update, bucket_mb=options.bucket_mb,
+                  partition_mb=options.partition_mb, blocks=blocks, priorities=dict(options.priorities or {}),
+                  credit_mb=options.credit_mb, max_delay=options.max_delay, delays=dict(options.delays or {}),
+                  comm_dtype=str(options.comm_dtype), find_unused_parameters=options.find_unused_parameters,
+                  max_grad_norm=options.max_grad_norm, broadcast_buffers=options.broadcast_buffers)
+    shared.update({name: AUTO for name in auto})
+    if auto_max_delay is not None:
+        shared["max_delay"] = auto_max_delay
+    return shared
 
 
-def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool = False) -> None:
+def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool = False,
+                                    auto: Sequence[str] = (), auto_max_delay: Optional[int] = None) -> None:
     """A rank with another model would pair up other tensors in the broadcast, or
     wait in it until the timeout, and one with other buckets or schedule would
     issue other collectives; one all-gather of the signatures and those options
@@ -297,7 +306,8 @@ def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, opt
     without it would train from other moments than the rest."""
     group = options.process_group
     everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (_signature(module), _layout_options(options), optimizer_state), group=group)
+    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay), optimizer_state),
+                          group=group)
     without = [r for r, theirs in enumerate(everyone) if theirs[2] != everyone[0][2]]
     if without:
         holds = "holds" if everyone[0][2] else "does not hold"

@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include "common/error_text.h"
 #include "update/update.h"
 
 #include <ATen/ATen.h>
@@ -217,7 +218,7 @@ void Engine::check_bucket_index(int64_t bucket) const {
 
 void Engine::fail_collective(const char* what, int64_t bucket, const std::exception& e) const {
   TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] ", what, " of bucket ", bucket, " (",
-      layout_.buckets[bucket].numel, " elements, backend ", backend_->name(), ") failed: ", e.what());
+      layout_.buckets[bucket].numel, " elements, backend ", backend_->name(), ") failed: ", error_text(e));
 }
 
 // ---- backward ------------------------------------------------------------
@@ -335,7 +336,7 @@ void Engine::settle(LinkAgreement& agreement) {
     agreement.summed = sum->result(options_.timeout);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] the sum of the link figures (",
-        link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", e.what());
+        link_meter_->num_figures(), " int64, backend ", backend_->name(), ") failed: ", error_text(e));
   }
 }
 

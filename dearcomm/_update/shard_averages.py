@@ -14,7 +14,9 @@ import torch.distributed as dist
 from .._torch_collectives import within
 from .base import UpdateStrategy, refuse_nonfinite
 
-CLIP_NORM = "optimizer.clip_grad_norm_'s all-reduce of the norm (call it on every rank)"
+# Clipping by optimizer.clip_grad_norm_ or wrap(max_grad_norm=): the error names both.
+CLIP_NORM = ("the all-reduce of the gradient norm for clipping (optimizer.clip_grad_norm_ or wrap(max_grad_norm=); "
+             "every rank must clip)")
 
 
 NORM_CHUNK = 1 << 15

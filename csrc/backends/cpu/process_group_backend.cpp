@@ -2,6 +2,7 @@
 
 #include "python_tls.h"
 
+#include "../../common/error_text.h"
 #include "../../common/host_stamp.h"
 
 #include <ATen/ATen.h>
@@ -64,7 +65,7 @@ class Posting {
       try {
         std::rethrow_exception(error_);
       } catch (const std::exception& e) {
-        TORCH_CHECK(false, what, whole_ ? " failed: " : " could not be posted: ", e.what());
+        TORCH_CHECK(false, what, whole_ ? " failed: " : " could not be posted: ", error_text(e));
       } catch (...) {
         TORCH_CHECK(false, what, whole_ ? " failed" : " could not be posted");
       }
@@ -129,7 +130,7 @@ class WorkHandle final : public PendingCollective {
       try {
         completed = work->wait(left);
       } catch (const std::exception& e) {
-        TORCH_CHECK(false, what_, " failed: ", e.what());
+        TORCH_CHECK(false, what_, " failed: ", error_text(e));
       }
       TORCH_CHECK(completed, what_, " did not finish within ", timeout.count(), " ms");
     }
@@ -166,7 +167,7 @@ class HostSum final : public PendingSum {
       completed = work_->wait(timeout);
     } catch (const std::exception& e) {  // gloo throws on a timeout too
       TORCH_CHECK(false, "the sum of ", values_.numel(), " int64 over the ranks failed or did not finish within ",
-                  timeout.count(), " ms: ", e.what());
+                  timeout.count(), " ms: ", error_text(e));
     }
     TORCH_CHECK(completed, "the sum of ", values_.numel(), " int64 over the ranks did not finish within ",
                 timeout.count(), " ms");
