@@ -184,7 +184,7 @@ def wrap(
     carried = optimizer.state_dict() if optimizer.state else None
 
     _exit.install()  # before the first collective: a clean exit beside gloo's threads (see _exit.py), errors too
-    _check_same_model_on_every_rank(module, options, carried is not None, auto, auto_max_delay)
+    _check_same_model_on_every_rank(module, options, carried is not None, auto, auto_max_delay, optimizer)
     _broadcast_from_first_rank(module, options.process_group)
     runtime = DearRuntime(module, options)
     if auto:
@@ -296,8 +296,42 @@ def _layout_options(options: WrapOptions, auto: Sequence[str] = (), auto_max_del
     return shared
 
 
+def _optimizer_settings(optimizer: Optional[Optimizer]) -> Optional[tuple]:
+    """The optimizer's class and each param group's settings (lr, betas, ...)
+    as plain values, comparable between ranks: a tensor by its values (its
+    repr names its device), another object by its type alone."""
+    if optimizer is None:
+        return None
+
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().tolist()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        return type(value).__name__
+
+    return type(optimizer).__name__, [sorted((k, plain(v)) for k, v in group.items() if k != "params")
+                                      for group in optimizer.param_groups]
+
+
+def _settings_difference(ours: tuple, theirs: tuple, rank: int) -> str:
+    if ours[0] != theirs[0] or len(ours[1]) != len(theirs[1]):
+        return (f"{ours[0]} with {len(ours[1])} param group(s) on rank 0 but {theirs[0]} with {len(theirs[1])} on "
+                f"rank {rank}")
+    for g, (a, b) in enumerate(zip(ours[1], theirs[1])):
+        mine, other = dict(a), dict(b)
+        for key in sorted(set(mine) | set(other)):
+            if mine.get(key, "(none)") != other.get(key, "(none)"):
+                return (f"param_groups[{g}][{key!r}] is {mine.get(key, '(none)')!r} on rank 0 but "
+                        f"{other.get(key, '(none)')!r} on rank {rank}")
+    return "their settings differ"
+
+
 def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool = False,
-                                    auto: Sequence[str] = (), auto_max_delay: Optional[int] = None) -> None:
+                                    auto: Sequence[str] = (), auto_max_delay: Optional[int] = None,
+                                    optimizer: Optional[Optimizer] = None) -> None:
     """A rank with another model would pair up other tensors in the broadcast, or
     wait in it until the timeout, and one with other buckets or schedule would
     issue other collectives; one all-gather of the signatures and those options
@@ -306,8 +340,9 @@ def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, opt
     without it would train from other moments than the rest."""
     group = options.process_group
     everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay), optimizer_state),
-                          group=group)
+    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay), optimizer_state,
+                                      _optimizer_settings(optimizer)), group=group)
+    settings = [entry[3] for entry in everyone]
     without = [r for r, theirs in enumerate(everyone) if theirs[2] != everyone[0][2]]
     if without:
         holds = "holds" if everyone[0][2] else "does not hold"
@@ -333,6 +368,14 @@ def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, opt
             f"dearcomm: [rank {dist.get_rank(group)}] rank {other}'s model differs from rank 0's (ranks that "
             f"differ: {differing}): {_first_difference(everyone[0], everyone[other], other)}. Every rank must build "
             "the same model (same layers, shapes, dtypes and frozen parameters) before wrap().")
+    differing = [r for r, theirs in enumerate(settings) if theirs != settings[0]]
+    if differing:
+        other = differing[0]
+        raise ValueError(
+            f"dearcomm: [rank {dist.get_rank(group)}] rank {other}'s optimizer differs from rank 0's (ranks that "
+            f"differ: {differing}): {_settings_difference(settings[0], settings[other], other)}. Every rank must "
+            "build the same optimizer: each rank would update its shard of the parameters with its own settings "
+            "(under DDP the ranks would drift apart).")
 
 
 def _first_difference(expected: List[Entry], got: List[Entry], rank: int) -> str:

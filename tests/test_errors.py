@@ -177,6 +177,10 @@ def misuse_worker(rank, world_size):
         model = MixedNet()
         dearcomm.wrap(model, sgd(model), max_grad_norm=1.0 if rank == 0 else 0.01)
 
+    def lr_differs_between_ranks():  # each rank would update its shard at its own rate
+        model = MixedNet()
+        dearcomm.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9))
+
     def auto_on_one_rank():  # "auto" starts from 25.0: compared as given, not as it starts
         model = MixedNet()
         dearcomm.wrap(model, sgd(model), bucket_mb="auto" if rank == 1 else 25.0)
@@ -235,6 +239,8 @@ MISUSE = {
     "unused_differ_between_ranks": ("ValueError", r"rank 1 passed other wrap\(\) options than rank 0 .*"
                                                   r"find_unused_parameters=False on rank 0 but True on rank 1"),
     "clip_differs_between_ranks": ("ValueError", r"max_grad_norm=1.0 on rank 0 but 0.01 on rank 1"),
+    "lr_differs_between_ranks": ("ValueError", r"rank 1's optimizer differs from rank 0's \(ranks that differ: "
+                                               r"\[1\]\): param_groups\[0\]\['lr'\] is 0.1 on rank 0 but 0.2 on rank 1"),
     "auto_on_one_rank": ("ValueError", r"bucket_mb=25.0 on rank 0 but 'auto' on rank 1"),
     "blocks_unknown_name": ("ValueError", r"blocks names \['embed.weights'\], which are not trainable parameters"),
     "blocks_wrong_sum": ("ValueError", r"blocks\['embed.weight'\] add up to 128 elements, but the parameter has 119"),
