@@ -29,7 +29,18 @@ def make_model(kind: str = "plain") -> nn.Sequential:
         model[0].requires_grad_(False)
     if kind == "batchnorm":  # running statistics: one micro-batch, so that one process sees the same batches
         model[1] = nn.BatchNorm1d(13)
+    if kind == "mixed-dtypes":  # a float64 head: the replicas' flat gradient buffer is float64
+        model[4] = Float64Head(model[4])
     return model
+
+
+class Float64Head(nn.Module):
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.fc = linear.double()
+
+    def forward(self, x):
+        return self.fc(x.double()).float()
 
 
 def make_data(step: int):
@@ -118,7 +129,8 @@ CASES = {  # world size -> (plan, micro-batches, optimizer[, model])
     # A replica without a micro-batch (fewer micro-batches than replicas, as
     # PipeDream's plans have) still joins its stage's all-reduce.
     2: [("two-stages:gpipe", 4, "sgd"), ("two-stages:1f1b", 6, "adamw"), ("relu-first:1f1b", 4, "sgd"),
-        ("one-replicated-stage:list", 1, "adamw"), ("two-stages:gpipe", 1, "sgd", "batchnorm")],
+        ("one-replicated-stage:list", 1, "adamw"), ("two-stages:gpipe", 1, "sgd", "batchnorm"),
+        ("one-replicated-stage:list", 2, "adamw", "mixed-dtypes")],
     3: [("replicated-first:1f1b", 6, "sgd"), ("three-stages:list", 4, "adamw"), ("planned", 4, "sgd"),
         ("replicated-first:list", 1, "sgd")],
     4: [("replicated-middle:list", 6, "sgd"), ("four-stages:1f1b", 4, "adamw"), ("four-stages:gpipe", 2, "sgd"),

@@ -34,7 +34,10 @@ STARTUP_S = 120    # a spawned worker imports torch and dearcomm
 
 # Bad values per sort of field; "text" and "bool" are wrong types (TypeError).
 HUGE = 10 ** 400   # an int past any float: an OverflowError in float arithmetic
-REALS = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1.0, "bool": True, "text": "2", "huge": HUGE}
+HUGER = 10 ** 5000  # past the digits str() converts: a ValueError of Python's own
+HUGE_SHOWN = {id(HUGE): "an int of about 401 digits", id(HUGER): "an int of about 5001 digits"}
+REALS = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1.0, "bool": True, "text": "2", "huge": HUGE,
+         "huger": HUGER}
 POSITIVE_REALS = {**REALS, "zero": 0.0}                     # a rate that must carry data
 INDICES = {"nan": NAN, "inf": INF, "-inf": -INF, "negative": -1, "fraction": 2.5, "float": 2.0, "bool": True,
            "text": "2"}                                      # a count or index where 0 is fine
@@ -82,7 +85,8 @@ def _rows() -> List[Row]:
             for f in ("forward_ms", "backward_ms", "activation_bytes", "param_bytes")]
     rows.append(Row("ModelProfile", "cut_bytes[0]", "profile 'p'", REALS,
                     lambda v: ModelProfile("p", p.layers[:2], (v,))))
-    rows += [Row("load_shared_profile", f, "profile 'm' in", REALS, lambda v, k=k: _shared_profile(k, v))
+    readable = {name: v for name, v in REALS.items() if name != "huger"}  # json cannot read it: a test below
+    rows += [Row("load_shared_profile", f, "profile 'm' in", readable, lambda v, k=k: _shared_profile(k, v))
              for k, f in (("fwd_ms", "forward_ms"), ("bwd_ms", "backward_ms"), ("act_bytes", "activation_bytes"),
                           ("param_bytes", "param_bytes"))]
     rows.append(Row("coarsen", "max_layers", "coarsen()", COUNTS, lambda v: coarsen(p, v)))
@@ -371,7 +375,7 @@ def test_bad_numbers_are_refused_by_name(worker, name):
     classes, message = _raised(worker.run(name, CASE_S), name)
     wrong_type = isinstance(value, (bool, str))
     assert ("TypeError" if wrong_type else "ValueError") in classes, (classes, message)
-    shown = "an int of 401 digits" if value is HUGE else repr(value)
+    shown = HUGE_SHOWN.get(id(value)) or repr(value)
     for part in (row.field, row.where, shown):
         assert part in message, f"{name}: {part!r} missing from {message!r}"
 
@@ -439,3 +443,12 @@ def test_random_problems_give_a_plan_or_a_clear_error(worker, seed):
         classes, message = _raised(outcome, name)
         assert "ValueError" in classes and f"topology 'rand{seed}'" in message, (classes, message)
         assert "have no link" in message or "is disconnected" in message, message
+
+
+def test_a_profile_file_with_an_int_python_cannot_read_is_named(tmp_path):
+    path = tmp_path / "huge.json"
+    path.write_text('{"m": {"layers": [{"id": "l0", "fwd_ms": 1' + "0" * 5000 + ', "bwd_ms": 1, "act_bytes": 1, '
+                    '"param_bytes": 1}]}}')
+    with pytest.raises(ValueError, match=r"dearcomm: profile file .*huge.json.* is not valid JSON \(or holds a "
+                                         r"number Python does not read\)"):
+        load_shared_profile("m", str(path))

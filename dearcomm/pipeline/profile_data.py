@@ -38,8 +38,9 @@ def _read(path: Optional[str], packaged: str) -> Tuple[Dict, str]:
     with open(path) as f:
         try:
             return json.load(f), path
-        except json.JSONDecodeError as e:
-            raise ValueError(f"dearcomm: profile file {path!r} is not valid JSON: {e}") from e
+        except ValueError as e:  # JSONDecodeError, or an int past the digits Python converts
+            raise ValueError(f"dearcomm: profile file {path!r} is not valid JSON (or holds a number Python does "
+                             f"not read): {e}") from e
 
 
 def _models(data: Dict, where: str) -> Dict:

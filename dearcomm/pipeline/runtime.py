@@ -194,7 +194,7 @@ class PipelineRuntime:
         dist.all_reduce(flat, group=self._replicas)
         *summed, reached = torch._utils._unflatten_dense_tensors(flat, grads + [reached])
         for p, g, n in zip(params, summed, reached.tolist()):
-            p.grad = g if n > 0 else None
+            p.grad = g.to(p.dtype) if n > 0 else None  # the flat buffer holds the widest dtype of the stage
 
 
 def _boundary_buffers(plan: Plan, children: List[nn.Module], sample: torch.Tensor) -> List[torch.Tensor]:

@@ -43,7 +43,8 @@ def _defect(value: Any, integer: bool) -> str:
 def _fail(value: Any, field: str, where: str, expected: str, kind: Optional[str], integer: bool) -> None:
     defect = _defect(value, integer)
     head = f"{where} has {_article(defect)} {defect} {kind}" if kind else where
-    got = f"an int of {len(str(abs(value)))} digits" if defect == "huge" else repr(value)
+    # Its size from its bits: str() of an int past 4300 digits raises in Python itself.
+    got = f"an int of about {int(value.bit_length() * 0.30103) + 1} digits" if defect == "huge" else repr(value)
     message = f"dearcomm: {head}: {field} must be {expected}, got {got}"
     if defect in ("bool", "non-numeric"):
         raise TypeError(f"{message} (a {type(value).__name__})")
