@@ -64,8 +64,6 @@ class DistributedOptimizer(Optimizer):
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
         self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
         self._pending_clip: Optional[Tuple[float, torch.Tensor, bool]] = None  # clip_grad_norm_'s, applied in step()
-        # The first step pre-hook, before any the user registers on this optimizer (torch calls them before step()).
-        self.register_step_pre_hook(_cast_step_vote)
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
     # schedulers, hyper-parameter edits and the user's load_state_dict(), which
@@ -160,22 +158,9 @@ class DistributedOptimizer(Optimizer):
         self._update.mark_written()
         self.optimizer._opt_called = True  # what an LR scheduler over your optimizer checks (it may not step itself)
         engine.end_step()
-        self._runtime.skip_votes.read_if_arrived()  # mostly in by now; else the next forward reads it
         self._runtime.after_step()
         self._user_post_hooks()
         return None
-
-    def _cast_step_vote(self, grad_scaler) -> None:
-        """This rank steps: its vote goes first on the training group, where a
-        rank that skipped this step meets it (see _skip_votes). Read before
-        this step's next collective on that group, which a skipping rank
-        would not join: at once before the user's step pre-hooks (they may
-        all-reduce), a GradScaler's or max_grad_norm's; else at step()'s end
-        if it has arrived, or at the next forward."""
-        user_hooks = len(self._optimizer_step_pre_hooks) > 1 or bool(self.optimizer._optimizer_step_pre_hooks)
-        scaling = grad_scaler is not None and grad_scaler.is_enabled()
-        self._runtime.skip_votes.cast(skipped=False, read_now=user_hooks or scaling or
-                                      self._runtime.options.max_grad_norm is not None)
 
     def _step_skipped(self) -> None:
         """zero_grad() skipped the step: its pending clip goes, and where the
@@ -343,7 +328,3 @@ def _scaler_stage(scaler, optimizer) -> str:
     called scaler.unscale_(optimizer)) or "STEPPED"."""
     return scaler._per_optimizer_states[id(optimizer)]["stage"].name
 
-
-def _cast_step_vote(optimizer: DistributedOptimizer, args, kwargs) -> None:
-    # A plain function, not a bound method: the optimizer's hook table would hold the optimizer itself.
-    optimizer._cast_step_vote(kwargs.get("grad_scaler"))

@@ -56,7 +56,6 @@ from ._delays import bucket_delays
 from ._cpu_switches import check_switches
 from ._engine_group import engine_group
 from ._priorities import bucket_priorities
-from ._skip_votes import SkipVotes
 from ._torch_collectives import broadcast_within, within
 from .overlap import OverlapMonitor
 from ._update import strategy_class
@@ -123,7 +122,6 @@ class DearRuntime:
             raise ValueError("dearcomm: the module has no parameter that requires grad; nothing to train")
         self.by_name: Dict[str, nn.Parameter] = {name: p for p, name in self.names.items()}
         self._check_blocks()
-        self.skip_votes = SkipVotes(self.group, self.rank, self.world_size, self.timeout, next(iter(self.names)).device)
 
         self.engine: Optional[_C.Engine] = None
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
@@ -261,9 +259,7 @@ class DearRuntime:
         end never ran: that backward raised after some gradients reached the
         engine (an out-of-memory caught by the loop, say). Its reductions were
         issued for some buckets and not others, on this rank and maybe
-        differently on the others: the ranks' collectives no longer pair up.
-        Also where the ranks' votes on the last step are read (see _skip_votes)."""
-        self.skip_votes.read()
+        differently on the others: the ranks' collectives no longer pair up."""
         if not (self._end_of_backward_queued and module.training and torch.is_grad_enabled()):
             return
         if torch._C._current_graph_task_id() != -1:
@@ -621,7 +617,6 @@ class DearRuntime:
                 "dearcomm: zero_grad() between backward and step() skips the step, which schedule='deft' with "
                 "delayed buckets cannot do: a delayed gradient of an earlier backward is applied at this step. "
                 "Skip steps with wrap(..., max_delay=0), or call step()")
-        self.skip_votes.cast(skipped=True)  # raises where other ranks stepped, before a collective of the skip
         self.engine.begin_step(averages_needed=True)
         self.forget_grad_versions()
         self.engine.skip_step()
@@ -630,7 +625,6 @@ class DearRuntime:
         self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
 
     def sync(self) -> None:
-        self.skip_votes.read()
         if self.engine is not None:
             self.engine.flush()
             if self._unreported:

@@ -193,57 +193,6 @@ def test_zero_grad_after_backward_skips_the_step_on_every_rank(world_size):
     assert_no_failures(run_workers(skip_worker, world_size, deadline=300))
 
 
-def skip_on_one_rank_worker(rank, world_size, schedule, update, bucket_mb, max_grad_norm, loop_collectives=False):
-    """Rank 1 alone zeroes its gradients after backward (a skip decided from
-    its own loss, say) while the others step: without a vote its next
-    reduce-scatters would pair with their all-gathers (gloo aborts the
-    process on the size mismatch, or trains on crossed data where the sizes
-    match). Every rank raises, naming who skipped and who stepped; with
-    max_grad_norm the steppers' step reads the votes at once (it would
-    all-reduce the norm, which the skipper never joins), as where a step
-    pre-hook all-reduces (``loop_collectives``, with the loss logged after
-    step() too), else at its end or at the next forward."""
-    model, optimizer, _, _ = wrapped_pair(schedule, update, bucket_mb, max_grad_norm=max_grad_norm,
-                                          timeout=datetime.timedelta(seconds=20))
-    if loop_collectives:
-        optimizer.register_step_pre_hook(lambda *args: dist.all_reduce(torch.ones(1)))
-    try:
-        for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
-            loss = local_loss(model, x, y, rank, world_size)
-            loss.backward()
-            if step == 2 and rank == 1:
-                optimizer.zero_grad()
-                continue
-            optimizer.step()
-            optimizer.zero_grad()
-            if loop_collectives:
-                dist.all_reduce(loss.detach())  # the loss logged, as DDP loops do
-    except RuntimeError as e:
-        return step, str(e)
-    return step, None
-
-
-@pytest.mark.parametrize("world_size, schedule, update, bucket_mb, max_grad_norm, loop_collectives", [
-    (2, "dear", "sharded", 0.0, None, False),       # a bucket per parameter: sizes that differ
-    (2, "dear", "sharded", 25.0, None, False),      # one bucket: sizes that match
-    (3, "wfbp", "replicated", 0.0, None, False),
-    (2, "dear", "sharded", 25.0, 1.0, False),
-    (2, "bytescheduler", "replicated", 0.0, None, True),
-])
-def test_a_step_skipped_on_one_rank_only_is_named_on_every_rank(world_size, schedule, update, bucket_mb,
-                                                                 max_grad_norm, loop_collectives):
-    results = run_workers(skip_on_one_rank_worker, world_size, schedule, update, bucket_mb, max_grad_norm,
-                          loop_collectives, deadline=120)
-    stepped = [r for r in range(world_size) if r != 1]
-    for rank, (step, message) in enumerate(results):
-        assert message is not None, f"rank {rank} trained on"
-        assert f"dearcomm: [rank {rank}] rank(s) [1] skipped step 2" in message, message
-        assert f"where rank(s) {stepped} called step()" in message, message
-        # The skipper at its zero_grad(); the others at the end of their step() if the votes were in, else at
-        # the next forward; at once where their step has collectives of its own (a pre-hook's, max_grad_norm's).
-        assert step == 2 if rank == 1 or max_grad_norm or loop_collectives else step in (2, 3), (rank, step)
-
-
 def skip_with_scaler_worker(rank, world_size):
     """The same loop with a GradScaler that the user unscales: at the skipped
     step only rank 1's gradient is inf, which under dear only its .grad
