@@ -108,12 +108,12 @@ class DearModule:
         try:
             self._dear.sync()
         finally:
-            self._detach(finish=False)
+            self._detach()
 
-    def _detach(self, finish: bool) -> None:
-        """close(); without finishing pending work where ``finish`` is False
-        (after a failure: a peer may be gone, and no collective may wait)."""
-        self._dear.close(finish)
+    def _detach(self) -> None:
+        """close() without finishing pending work (close() finishes it first;
+        after a failure a peer may be gone, and no collective may wait)."""
+        self._dear.close()
         for handle in self._dear_hooks:
             handle.remove()
         plain = type(self)._dear_plain_class

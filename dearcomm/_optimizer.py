@@ -125,9 +125,9 @@ class DistributedOptimizer(Optimizer):
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward" + NO_SYNC_HINT)
         self._check_groups_unchanged()
-        scaling = grad_scaler is not None and grad_scaler.is_enabled()
         for hook in list(self.optimizer._optimizer_step_pre_hooks.values()):
             hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
+        scaling = grad_scaler is not None and grad_scaler.is_enabled()
         if scaling and self._runtime.delayed.delays:
             raise NotImplementedError(
                 "dearcomm: schedule='deft' with delayed buckets does not take a GradScaler: a delayed gradient was "
@@ -327,4 +327,3 @@ def _scaler_stage(scaler, optimizer) -> str:
     """GradScaler's stage for this optimizer: "READY", "UNSCALED" (the user
     called scaler.unscale_(optimizer)) or "STEPPED"."""
     return scaler._per_optimizer_states[id(optimizer)]["stage"].name
-

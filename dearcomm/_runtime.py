@@ -635,12 +635,10 @@ class DearRuntime:
         planners = [p.handle for p in (self.auto, self.planner) if p is not None]
         return list(self._forward_handles.values()) + self._handles + planners
 
-    def close(self, finish: bool = True) -> None:
-        """Finishes pending work (unless ``finish`` is False: after a failure,
-        when a peer may be gone) and removes every hook; the engine and its
+    def close(self) -> None:
+        """Removes every hook, without finishing pending work (sync() first
+        for that; after a failure a peer may be gone); the engine and its
         buffers go with the last reference to them."""
-        if finish:
-            self.sync()
         if self.engine is not None:
             self._drain.detach()
         for handle in self.hook_handles():

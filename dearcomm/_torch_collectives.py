@@ -30,8 +30,8 @@ def within(timeout: datetime.timedelta, what: str, collective, tensor: torch.Ten
     try:
         work.wait(timeout)
     except RuntimeError as e:
-        raise RuntimeError(f"dearcomm: {what} failed or did not complete within {timeout.total_seconds():g} s (wrap()'s "
-                           f"timeout): a peer stalled, died or did not call it: {e}") from e
+        raise RuntimeError(f"dearcomm: {what} failed or did not complete within {timeout.total_seconds():g} s "
+                           f"(wrap()'s timeout): a peer stalled, died or did not call it: {e}") from e
 
 
 def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: datetime.timedelta, what: str) -> None:

@@ -296,13 +296,10 @@ def _layout_options(options: WrapOptions, auto: Sequence[str] = (), auto_max_del
     return shared
 
 
-def _optimizer_settings(optimizer: Optional[Optimizer]) -> Optional[tuple]:
+def _optimizer_settings(optimizer: Optimizer) -> tuple:
     """The optimizer's class and each param group's settings (lr, betas, ...)
     as plain values, comparable between ranks: a tensor by its values (its
     repr names its device), another object by its type alone."""
-    if optimizer is None:
-        return None
-
     def plain(value):
         if isinstance(value, torch.Tensor):
             return value.detach().cpu().tolist()
@@ -329,9 +326,8 @@ def _settings_difference(ours: tuple, theirs: tuple, rank: int) -> str:
     return "their settings differ"
 
 
-def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool = False,
-                                    auto: Sequence[str] = (), auto_max_delay: Optional[int] = None,
-                                    optimizer: Optional[Optimizer] = None) -> None:
+def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, optimizer_state: bool,
+                                    auto: Sequence[str], auto_max_delay: Optional[int], optimizer: Optimizer) -> None:
     """A rank with another model would pair up other tensors in the broadcast, or
     wait in it until the timeout, and one with other buckets or schedule would
     issue other collectives; one all-gather of the signatures and those options
@@ -340,42 +336,46 @@ def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, opt
     without it would train from other moments than the rest."""
     group = options.process_group
     everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay), optimizer_state,
-                                      _optimizer_settings(optimizer)), group=group)
-    settings = [entry[3] for entry in everyone]
-    without = [r for r, theirs in enumerate(everyone) if theirs[2] != everyone[0][2]]
+    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay),
+                                      optimizer_state, _optimizer_settings(optimizer)), group=group)
+    signatures, layouts, states, settings = zip(*everyone)
+    me = dist.get_rank(group)
+    without = _unlike_rank_0(states)
     if without:
-        holds = "holds" if everyone[0][2] else "does not hold"
+        holds = "holds" if states[0] else "does not hold"
         raise ValueError(
-            f"dearcomm: [rank {dist.get_rank(group)}] rank 0's optimizer {holds} state (loaded before wrap()) and "
-            f"rank {without[0]}'s {'does not' if everyone[0][2] else 'does'} (ranks that differ: {without}); load the "
+            f"dearcomm: [rank {me}] rank 0's optimizer {holds} state (loaded before wrap()) and "
+            f"rank {without[0]}'s {'does not' if states[0] else 'does'} (ranks that differ: {without}); load the "
             "optimizer's state on every rank, before or right after wrap()")
-    everyone = [entry[:2] for entry in everyone]
-    differing = [r for r, theirs in enumerate(everyone) if theirs[1] != everyone[0][1]]
+    differing = _unlike_rank_0(layouts)
     if differing:
         other = differing[0]
-        changed = {k: (v, everyone[other][1][k]) for k, v in everyone[0][1].items() if everyone[other][1][k] != v}
+        changed = {k: (v, layouts[other][k]) for k, v in layouts[0].items() if layouts[other][k] != v}
         raise ValueError(
-            f"dearcomm: [rank {dist.get_rank(group)}] rank {other} passed other wrap() options than rank 0 (ranks "
+            f"dearcomm: [rank {me}] rank {other} passed other wrap() options than rank 0 (ranks "
             f"that differ: {differing}): " + ", ".join(f"{k}={a!r} on rank 0 but {b!r} on rank {other}"
                                                       for k, (a, b) in changed.items())
             + ". Every rank must pass the same options: they decide the collectives.")
-    everyone = [signature for signature, _ in everyone]
-    differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+    differing = _unlike_rank_0(signatures)
     if differing:
         other = differing[0]
         raise ValueError(
-            f"dearcomm: [rank {dist.get_rank(group)}] rank {other}'s model differs from rank 0's (ranks that "
-            f"differ: {differing}): {_first_difference(everyone[0], everyone[other], other)}. Every rank must build "
-            "the same model (same layers, shapes, dtypes and frozen parameters) before wrap().")
-    differing = [r for r, theirs in enumerate(settings) if theirs != settings[0]]
+            f"dearcomm: [rank {me}] rank {other}'s model differs from rank 0's (ranks that "
+            f"differ: {differing}): {_first_difference(signatures[0], signatures[other], other)}. Every rank must "
+            "build the same model (same layers, shapes, dtypes and frozen parameters) before wrap().")
+    differing = _unlike_rank_0(settings)
     if differing:
         other = differing[0]
         raise ValueError(
-            f"dearcomm: [rank {dist.get_rank(group)}] rank {other}'s optimizer differs from rank 0's (ranks that "
+            f"dearcomm: [rank {me}] rank {other}'s optimizer differs from rank 0's (ranks that "
             f"differ: {differing}): {_settings_difference(settings[0], settings[other], other)}. Every rank must "
             "build the same optimizer: each rank would update its shard of the parameters with its own settings "
             "(under DDP the ranks would drift apart).")
+
+
+def _unlike_rank_0(values: Sequence) -> List[int]:
+    """The ranks whose value differs from rank 0's."""
+    return [r for r, theirs in enumerate(values) if theirs != values[0]]
 
 
 def _first_difference(expected: List[Entry], got: List[Entry], rank: int) -> str:

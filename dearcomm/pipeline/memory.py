@@ -220,10 +220,11 @@ def _verdict(need, bounds, devices, topology: Topology):
 
 
 def no_fit_error(profile: ModelProfile, topology: Topology, optimizer_slots: float, where: str,
-                 max_stages: Optional[int] = None) -> ValueError:
+                 max_stages: Optional[int] = None, split=None) -> ValueError:
     """The error for a problem no plan fits: the stage of the best-fitting
-    split (of at most max_stages stages) that overflows."""
-    bounds, _, (_, s, need, device) = least_memory_split(profile, topology, optimizer_slots, max_stages)
+    split (of at most max_stages stages) that overflows; ``split``: that
+    split, where the caller found it already (least_memory_split)."""
+    bounds, _, (_, s, need, device) = split or least_memory_split(profile, topology, optimizer_slots, max_stages)
     a, b = bounds[s], bounds[s + 1]
     capped = max_stages is not None and max_stages < min(len(profile), topology.size)
     within = f" within max_stages={max_stages}" if capped else ""

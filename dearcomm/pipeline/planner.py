@@ -96,9 +96,10 @@ def plan_pipeline(profile: ModelProfile, topology: Topology, num_microbatches: i
                                  for c in ranked)
                  if p is not None]
     if not scheduled and topology.memory_bytes:  # the split that fits best, if it fits at all
-        bounds, devices, (ratio, _, _, _) = least_memory_split(profile, topology, optimizer_slots, S_max)
+        split = least_memory_split(profile, topology, optimizer_slots, S_max)
+        bounds, devices, (ratio, _, _, _) = split
         if ratio > 1:
-            raise no_fit_error(profile, topology, optimizer_slots, where, max_stages)
+            raise no_fit_error(profile, topology, optimizer_slots, where, max_stages, split)
         scheduled = [best_scheduled(profile, topology, [(bounds, devices)], M, "planner", optimizer_slots, True)]
     small = count_candidates(len(profile), topology.size, S_max) <= enumerate_limit
     if small:  # every partition and mapping whose compute alone could still beat the best so far

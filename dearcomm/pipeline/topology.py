@@ -199,20 +199,6 @@ class Topology:
         ring = list(zip(devices, list(devices[1:]) + list(devices[:1])))
         return tuple(dict.fromkeys(r for a, b in ring for r in self.resources(a, b)))
 
-    def permuted_signature(self, order: Sequence[int]) -> Tuple:
-        """What a device order looks like to a planner: orders with the same
-        signature give the same plans, so mapping search tries only one.
-        The devices' memory belongs to it: the planner fills the order's
-        devices stage by stage, each stage within its devices' capacity."""
-        return tuple((self.link_bandwidth(a, b) if a != b else 0.0, self.link_latency(a, b) if a != b else 0.0,
-                      self._resource_class(a, b)) for a in order for b in order) + \
-            tuple(self.memory_of(d) for d in order)
-
-    def _resource_class(self, a: int, b: int) -> Tuple:
-        # Which other transfers this one shares resources with, as relative ranks.
-        return tuple(sorted(type(r).__name__ + str(r[0]) if isinstance(r, tuple) else str(r)
-                            for r in (self.resources(a, b) if a != b else ())))
-
 
 def _widest_routes(bw: Sequence[Sequence[float]]) -> List[List[Optional[List[int]]]]:
     n = len(bw)

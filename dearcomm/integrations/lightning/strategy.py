@@ -181,7 +181,7 @@ class DearStrategy(DDPStrategy):
             if self._failed:
                 # No collective: the failed peer never joins one (gathering the
                 # optimizer's state waited for the group's timeout, minutes).
-                self.model._detach(finish=False)
+                self.model._detach()
                 self.optimizers = [self._user_optimizer]
             else:
                 self._unwrap()
