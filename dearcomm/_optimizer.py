@@ -167,8 +167,11 @@ class DistributedOptimizer(Optimizer):
         user unscaled with the GradScaler of earlier steps, every rank takes
         the same found_inf for scaler.update() (scaler.unscale_ checked this
         rank's .grad only; step() would have agreed on it). Before the first
-        scaler.step() the scaler is unknown here (the guide says so)."""
+        scaler.step() the scaler is unknown here (the guide says so). Writes
+        into the parameters since the last step are kept, as step() keeps
+        them: the skipped step's gathers carry the master shards."""
         self._pending_clip = None
+        self._update.adopt_parameter_writes()
         scaler = self._scaler() if self._scaler is not None else None
         if scaler is None or not scaler.is_enabled() or id(self) not in scaler._per_optimizer_states:
             return

@@ -611,7 +611,10 @@ class DearRuntime:
         skipped, as GradScaler skips one (the reductions finish, nothing is
         applied, the parameters stay current), and the next backward starts
         a new iteration. The loop that skips a step where the gradient norm is
-        not finite runs as under DDP; every rank must skip the same steps."""
+        not finite runs as under DDP; every rank should skip the same steps.
+        Under dear the step's all-gathers still go out (unchanged shards, or
+        averages left unapplied), so a rank that skips alone issues the same
+        collectives as the others."""
         if self.delayed.delays:
             raise NotImplementedError(
                 "dearcomm: zero_grad() between backward and step() skips the step, which schedule='deft' with "
@@ -619,9 +622,9 @@ class DearRuntime:
                 "Skip steps with wrap(..., max_delay=0), or call step()")
         self.engine.begin_step(averages_needed=True)
         self.forget_grad_versions()
-        self.engine.skip_step()
         for callback in self.on_step_skipped:
-            callback()
+            callback()  # before the gathers that skip_step() issues under dear: they read the master shards
+        self.engine.skip_step()
         self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
 
     def sync(self) -> None:

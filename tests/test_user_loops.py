@@ -234,6 +234,41 @@ def test_a_skipped_step_backs_the_grad_scaler_off_on_every_rank():
     assert_no_failures(run_workers(skip_with_scaler_worker, 2, deadline=300))
 
 
+
+def lone_skip_worker(rank, world_size):
+    """A loop mistake: rank 1 alone zeroes its gradients after backward at
+    step 2 (its own verdict, not a global one) while the others step. Under
+    dear its skipped step still issues the all-gathers theirs do, so nothing
+    aborts and no reduce-scatter pairs with an all-gather: with update=sharded
+    every rank ends with the same parameters (rank 1's shards missed one
+    update); elsewhere the ranks that stepped agree, and rank 1 drifts from
+    them as under DDP."""
+    def run(schedule, update, bucket_mb):
+        model, optimizer, _, _ = wrapped_pair(schedule, update, bucket_mb)
+        for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
+            local_loss(model, x, y, rank, world_size).backward()
+            if step == 2 and rank == 1:
+                optimizer.zero_grad()
+                continue
+            optimizer.step()
+            optimizer.zero_grad()
+        model.sync()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        everyone = [torch.empty_like(flat) for _ in range(world_size)]
+        dist.all_gather(everyone, flat)
+        agree = range(world_size) if (schedule, update) == ("dear", "sharded") else \
+            [r for r in range(world_size) if r != 1]
+        for r in agree:
+            torch.testing.assert_close(everyone[r], everyone[agree[0]], rtol=0, atol=0,
+                                       msg=lambda m: f"rank {r} against rank {agree[0]}, bucket_mb={bucket_mb}: {m}")
+        assert torch.isfinite(flat).all()
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_rank_that_skips_alone_issues_the_collectives_of_the_others(world_size):
+    assert_no_failures(run_workers(lone_skip_worker, world_size, deadline=300))
+
 # ---- item 4: EMA from the update hook ----------------------------------------------
 
 def ema_worker(rank, world_size):

@@ -163,6 +163,7 @@ void Executor::begin_backward() {
   reduced_.reset();
   next_eligible_ = 0;
   backward_ended_ = false;
+  update_skipped_ = false;
   machine_.on(IterationEvent::kBackwardBegins);
   policy_->begin_iteration(bucket_bytes_, link_model);
 }
@@ -313,24 +314,39 @@ void Executor::end_step() {
     machine_.on(IterationEvent::kStepDone);
     return;
   }
+  leave_pending(ops);
+}
+
+// The step's gathers (or, with none, the reductions) are left to the next forward.
+void Executor::leave_pending(const std::vector<Op>& gathers) {
   device_.step_left_pending();
   machine_.on(IterationEvent::kStepLeftPending);
   // Nothing to gather (the reductions are what the forward waits for): no gather is missing.
-  next_gather_ = ops.empty() ? layout_.num_buckets() : 0;
+  next_gather_ = gathers.empty() ? layout_.num_buckets() : 0;
   current_.reset();
   // Issued here, at the same point of the program on every rank; a hook only
   // waits (see schedule/dear.cpp). The devices run them in issue order.
-  issue(ops);
+  issue(gathers);
 }
 
 void Executor::skip_step() {
   DEARCOMM_CORE_CHECK(state() == IterationState::kReduced, std::runtime_error,
                       "dearcomm: a step can be skipped only after the reductions finished, state is ",
                       to_string(state()));
-  for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    step_done(b);  // nothing was updated: the parameters are still current
+  const std::vector<Op> gathers = policy_->at_step(layout_.num_buckets());
+  if (gathers.empty()) {
+    for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+      step_done(b);  // nothing was updated: the parameters are still current
+    }
+    machine_.on(IterationEvent::kStepDone);
+    return;
   }
-  machine_.on(IterationEvent::kStepDone);
+  // The gathers a step issues, issued anyway: they carry the shards as they
+  // are (sharded) or averages that are not applied (replicated). A rank that
+  // skips alone, while the others step, then still pairs every collective
+  // with theirs: no size mismatch, no reduce-scatter read as an all-gather.
+  update_skipped_ = true;
+  leave_pending(gathers);
 }
 
 // ---- forward -------------------------------------------------------------
@@ -404,7 +420,7 @@ void Executor::apply(int64_t b) {
   device_.averages_in(b);
   if (timing_.update_when_current) {
     const std::vector<int64_t> params = current_.done(b);
-    if (!params.empty()) {
+    if (!params.empty() && !update_skipped_) {
       device_.update(b, params);
     }
   }

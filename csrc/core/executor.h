@@ -66,7 +66,8 @@ class Executor {
   // optimizer.step() ends (after the update): issues what the next forward
   // consumes, or, with nothing left pending, ends the iteration.
   void end_step();
-  // A step whose update is skipped (GradScaler found inf/NaN on some rank).
+  // A step whose update is skipped (GradScaler found inf/NaN on some rank,
+  // or zero_grad() between backward and step()): its gathers still go out.
   void skip_step();
 
   // ---- forward ---------------------------------------------------------
@@ -105,6 +106,7 @@ class Executor {
   void wait_reduction(int64_t bucket, int64_t slot);
   void use_averages(int64_t bucket);
   void step_done(int64_t bucket);
+  void leave_pending(const std::vector<Op>& gathers);
   void make_current(int64_t bucket);
   void apply(int64_t bucket);
   bool all_current() const;
@@ -138,6 +140,7 @@ class Executor {
   // This step's gathers:
   int64_t next_gather_ = 0;       // issue order is 0, 1, ..., B-1
   Completion current_;            // update_when_current: parameters all of whose buckets are current
+  bool update_skipped_ = false;   // skip_step(): the gathers make buckets current without an update
   int64_t prefetch_misses_ = 0;
 };
 
