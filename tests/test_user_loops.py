@@ -269,6 +269,43 @@ def lone_skip_worker(rank, world_size):
 def test_a_rank_that_skips_alone_issues_the_collectives_of_the_others(world_size):
     assert_no_failures(run_workers(lone_skip_worker, world_size, deadline=300))
 
+
+def rollback_after_skip_worker(rank, world_size):
+    """A skipped step, then a rollback: every rank skips (zero_grad() after
+    an inf norm, or GradScaler's inf) and writes the parameters back to a
+    saved copy. The write must survive the next forward: under dear the skip
+    issued all-gathers that write the parameters, and they must be done by
+    the time the skip returns."""
+    def run(schedule, update, bucket_mb):
+        for how in ("zero_grad", "scaler"):
+            model, optimizer, _, _ = wrapped_pair(schedule, update, bucket_mb)
+            scaler = torch.amp.GradScaler("cpu", enabled=how == "scaler")
+            first = next(model.parameters())
+            for step, (x, y) in enumerate(batches(4, GLOBAL_BATCH)):
+                if step == 1:
+                    saved = first.detach().clone()
+                loss = local_loss(model, x, y, rank, world_size)
+                bad = step == 2
+                scaler.scale(loss * float("inf") if bad else loss).backward()
+                if bad and how == "zero_grad":
+                    optimizer.zero_grad()
+                else:
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad()
+                if bad:
+                    with torch.no_grad():
+                        first.copy_(saved)
+                    model(local_slice(x, rank, world_size))
+                    torch.testing.assert_close(first.detach(), saved, rtol=0, atol=0,
+                                               msg=lambda m: f"{how}, bucket_mb={bucket_mb}: the rollback was lost: {m}")
+            model.sync()
+    return each_schedule_and_bucket(rank, world_size, run)
+
+
+def test_a_parameter_written_after_a_skipped_step_keeps_the_write():
+    assert_no_failures(run_workers(rollback_after_skip_worker, 2, deadline=300))
+
 # ---- item 4: EMA from the update hook ----------------------------------------------
 
 def ema_worker(rank, world_size):
