@@ -60,7 +60,10 @@ CPU: this process's CPU time (all threads, gloo's included) per iteration, and t
 machine's softirq time (kernel packet work, charged to no process) per iteration.
 Faults: this process's minor page faults per iteration (thousands), most of them
 the allocator handing freed memory back to the kernel and touching it again.
-Each rank gets cores/ranks torch threads. Times are medians; the slowest rank counts.
+Each rank gets cores/ranks torch threads. A run's time ("median ms") is the median
+over the rounds of each round's mean iteration, the slowest rank's (its single
+iterations' median is kept in the JSON as iteration_median_ms); p10/p90 are of single
+iterations. Other times are medians; the slowest rank counts.
 Losses: every run's two warm-up losses against ddp's (same model, seed and batch
 on every rank), the largest difference over the steps and ranks: 0 at 2 ranks for
 a run that trains like DDP; at more ranks float32 summation order may differ.
@@ -618,6 +621,11 @@ def interleaved(runs, rounds, iters, x, y, each_round=None):
             settle(model)
 
 
+def round_means(times, iters):
+    """Each round's mean iteration: ``times`` holds ``iters`` per round, in order."""
+    return [statistics.fmean(times[i:i + iters]) for i in range(0, len(times), iters)]
+
+
 def threads_per_rank(world):
     """This machine's cores shared out among the ranks that run on it."""
     return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -838,9 +846,15 @@ def main():
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
                                        host_ms_per_mib=host_ms_per_mib, cores_share=share)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
-        med = slowest(statistics.median(t))
+        # The run's time: the median over the rounds of each round's mean iteration (its
+        # args.iters in a row), the slowest rank's. Not the median single iteration: where
+        # a schedule waits for communication in the next forward, time moves between one
+        # rank's consecutive iterations (bytescheduler/p4, GPT, 4 ranks on loopback: rank
+        # 0's median iteration 567 ms, the slowest rank's 642, rank 0's mean 582).
+        med = slowest(statistics.median(round_means(t, args.iters)))
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) >= 2 else [t[0]] * 9  # within the samples
-        rows[name] = dict(median_ms=1e3 * med, p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
+        rows[name] = dict(median_ms=1e3 * med, iteration_median_ms=1e3 * slowest(statistics.median(t)),
+                          p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound
                           efficiency=ideal / med, cpu_ms=1e3 * slowest(statistics.median(cpus[name])),

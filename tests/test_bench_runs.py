@@ -2,6 +2,7 @@
 a run timed twice ('X/again') is X's configuration, and the summary lists it
 apart from the candidates."""
 import os
+import statistics
 import sys
 
 import pytest
@@ -224,3 +225,13 @@ def test_the_kernel_cpu_check_compares_the_machine_with_the_ranks_clocks():
         wall, busy, softirq, idle, ranks, difference = map(float, r[3:])
         assert wall > 0 and ranks > 0 and 0 <= softirq <= busy, out
         assert difference == pytest.approx(busy - ranks, abs=0.002), out  # each printed to the ms
+
+
+
+def test_a_run_time_is_the_median_of_its_rounds_means():
+    # Rounds of 3 iterations whose long waits sit in some iterations only: the rounds' means
+    # (0.5, 0.5, 0.7) give the throughput, where the median single iteration reads 0.3.
+    times = [1.0, 0.2, 0.3, 1.0, 0.2, 0.3, 1.0, 1.0, 0.1]
+    assert train_bench.round_means(times, 3) == pytest.approx([0.5, 0.5, 0.7])
+    assert statistics.median(train_bench.round_means(times, 3)) == pytest.approx(0.5)
+    assert statistics.median(times) == pytest.approx(0.3)
