@@ -404,7 +404,7 @@ PYBIND11_MODULE(_C, m) {
            "and nothing else needs the averages")
       .def("end_step", &Engine::end_step, release(),
            "optimizer.step() ends: issues what the next forward consumes, or ends the iteration")
-      .def("skip_step", &Engine::skip_step)
+      .def("skip_step", &Engine::skip_step, release())
       .def("require_bucket", &Engine::require_bucket, release())
       .def("flush", &Engine::flush, release())
       .def("grad_shard", &Engine::grad_shard)

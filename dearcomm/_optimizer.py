@@ -144,7 +144,6 @@ class DistributedOptimizer(Optimizer):
         pending_clip, self._pending_clip = self._pending_clip, None
         if scaling and self._amp_step(grad_scaler, user_unscaled):
             engine.skip_step()  # inf/NaN on some rank: every rank skips, as GradScaler would
-            engine.flush()  # dear's gathers of the unchanged shards: parameters current, as after a skip under DDP
             self._runtime.after_step()
             self._user_post_hooks()
             return None

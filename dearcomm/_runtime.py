@@ -611,9 +611,9 @@ class DearRuntime:
         skipped, as GradScaler skips one (the reductions finish, nothing is
         applied, the parameters stay current), and the next backward starts
         a new iteration. The loop that skips a step where the gradient norm is
-        not finite runs as under DDP; every rank should skip the same steps.
+        not finite runs as under DDP; every rank must skip the same steps.
         Under dear the step's all-gathers still go out (unchanged shards, or
-        averages left unapplied) and are waited for here, so a rank that
+        averages left unapplied) and skip_step() waits for them, so a rank that
         skips alone issues the engine's collectives as the others do, and the
         parameters are current when the skip returns."""
         if self.delayed.delays:
@@ -626,7 +626,6 @@ class DearRuntime:
         for callback in self.on_step_skipped:
             callback()  # before the gathers that skip_step() issues under dear: they read the master shards
         self.engine.skip_step()
-        self.engine.flush()  # every rank issued those gathers; once done, a write into a parameter is kept
         self.after_step(updated=False)  # no update hook: a DDP loop that skips updates no EMA either
 
     def sync(self) -> None:

@@ -227,7 +227,6 @@ def test_the_kernel_cpu_check_compares_the_machine_with_the_ranks_clocks():
         assert difference == pytest.approx(busy - ranks, abs=0.002), out  # each printed to the ms
 
 
-
 def test_a_run_time_is_the_median_of_its_rounds_means():
     # Rounds of 3 iterations whose long waits sit in some iterations only: the rounds' means
     # (0.5, 0.5, 0.7) give the throughput, where the median single iteration reads 0.3.

@@ -234,7 +234,6 @@ def test_a_skipped_step_backs_the_grad_scaler_off_on_every_rank():
     assert_no_failures(run_workers(skip_with_scaler_worker, 2, deadline=300))
 
 
-
 def lone_skip_worker(rank, world_size):
     """A loop mistake: rank 1 alone zeroes its gradients after backward at
     step 2 (its own verdict, not a global one) while the others step. Under
@@ -305,6 +304,7 @@ def rollback_after_skip_worker(rank, world_size):
 
 def test_a_parameter_written_after_a_skipped_step_keeps_the_write():
     assert_no_failures(run_workers(rollback_after_skip_worker, 2, deadline=300))
+
 
 # ---- item 4: EMA from the update hook ----------------------------------------------
 

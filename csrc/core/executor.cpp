@@ -163,7 +163,6 @@ void Executor::begin_backward() {
   reduced_.reset();
   next_eligible_ = 0;
   backward_ended_ = false;
-  update_skipped_ = false;
   machine_.on(IterationEvent::kBackwardBegins);
   policy_->begin_iteration(bucket_bytes_, link_model);
 }
@@ -345,8 +344,15 @@ void Executor::skip_step() {
   // are (sharded) or averages that are not applied (replicated). A rank that
   // skips alone, while the others step, then still pairs every collective
   // with theirs: no size mismatch, no reduce-scatter read as an all-gather.
+  // Waited for here, so the parameters are current when the skip returns
+  // (a write into them right after, such as a rollback, is kept).
   update_skipped_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{update_skipped_};
   leave_pending(gathers);
+  flush();
 }
 
 // ---- forward -------------------------------------------------------------

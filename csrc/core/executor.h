@@ -67,7 +67,8 @@ class Executor {
   // consumes, or, with nothing left pending, ends the iteration.
   void end_step();
   // A step whose update is skipped (GradScaler found inf/NaN on some rank,
-  // or zero_grad() between backward and step()): its gathers still go out.
+  // or zero_grad() between backward and step()): its gathers still go out and
+  // are waited for; the iteration ends with the parameters current.
   void skip_step();
 
   // ---- forward ---------------------------------------------------------
@@ -140,7 +141,7 @@ class Executor {
   // This step's gathers:
   int64_t next_gather_ = 0;       // issue order is 0, 1, ..., B-1
   Completion current_;            // update_when_current: parameters all of whose buckets are current
-  bool update_skipped_ = false;   // skip_step(): the gathers make buckets current without an update
+  bool update_skipped_ = false;   // within skip_step(): its gathers make buckets current without an update
   int64_t prefetch_misses_ = 0;
 };
 
