@@ -110,11 +110,16 @@ def test_auto_every_rank_takes_rank0s_plan_and_trains_like_one_process(world_siz
         # and a family whose runner-up is the reference has none left once the reference is measured.
         first_options = [o for o, _ in shortlist[:first_round]]
         open_families = {family(o) for o, _ in runners_up if o not in first_options}
-        fastest_first = min((i for i in range(first_round) if family(shortlist[i][0]) in open_families),
-                            key=lambda i: measured[i])
-        assert len(shortlist) == first_round + 1, "then the fastest family's runner-up"
-        assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"
-        assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
+        # Which families come first follows the ranks' timings: where the first round's families have
+        # no runner-up left (their second layout is the reference or the default), nothing is refined.
+        refinable = [i for i in range(first_round) if family(shortlist[i][0]) in open_families]
+        if not refinable:
+            assert len(shortlist) == first_round, "no runner-up left in the families measured: nothing refined"
+        else:
+            fastest_first = min(refinable, key=lambda i: measured[i])
+            assert len(shortlist) == first_round + 1, "then the fastest family's runner-up"
+            assert family(shortlist[-1][0]) == family(shortlist[fastest_first][0]), "the faster family's runner-up"
+            assert shortlist[-1][0] not in [o for o, _ in shortlist[:-1]]
         best = min(range(len(measured)), key=lambda i: measured[i])
         contenders = [] if best == reference else sorted((i for i in range(len(measured)) if i != reference),
                                                          key=lambda i: (measured[i], i))[:_auto.CONFIRM_CONTENDERS]
@@ -404,6 +409,24 @@ def test_families_measured_within_the_noise_of_the_fastest_are_refined_too(monke
     # ... which, raised, lets it in.
     _knobs(monkeypatch, REFINE_MAX_FAMILIES=4)
     assert [o["schedule"] for o, _ in _auto._refined(close).shortlist[len(shortlist):]] == added + ["usbyte"]
+
+
+def test_nothing_is_refined_where_the_measured_families_have_no_runner_up_left(monkeypatch):
+    _knobs(monkeypatch, REFINE_FAMILIES=1, REFINE_TRIALS=1, REFINE_MAX_FAMILIES=1)
+    # Measured: wfbp's and dear's best (0.5 KiB buckets), then the reference and the default (25 MiB), which
+    # are those families' only runners-up. bytescheduler, not measured, has one left: it is not a refinement.
+    first = [("wfbp", 0.0005), ("dear", 0.0005), ("wfbp", 25.0), ("dear", 25.0)]
+    shortlist = tuple((_candidate(100.0, schedule=s, update="replicated", bucket_mb=b).options, 100.0)
+                      for s, b in first)
+    runners_up = shortlist[2:] + ((_candidate(101.0, schedule="bytescheduler", update="replicated").options, 101.0),)
+    plan = _auto.AutoPlan(options=shortlist[0][0], predicted_ms=100.0, default_ms=100.0, candidates=5, step=0,
+                          reason="test", network=None, profile=None, shortlist=shortlist, runners_up=runners_up,
+                          reference=2, default=3)
+    for ms in (410.0, 420.0, 430.0, 440.0, 412.0):  # the first round, then the first candidate again
+        plan = plan.with_trial(ms)
+    assert plan.refined and plan.shortlist == shortlist, "no runner-up of a measured family: nothing added"
+    # The confirmation follows as with a refinement: the fastest (wfbp's best) against the reference.
+    assert plan.next_trial() == 0 and not plan.decided
 
 
 def test_a_family_whose_trial_was_mispriced_is_refined_too(monkeypatch):
