@@ -61,9 +61,10 @@ machine's softirq time (kernel packet work, charged to no process) per iteration
 Faults: this process's minor page faults per iteration (thousands), most of them
 the allocator handing freed memory back to the kernel and touching it again.
 Each rank gets cores/ranks torch threads. A run's time ("median ms") is the median
-over the rounds of each round's mean iteration, the slowest rank's (its single
-iterations' median is kept in the JSON as iteration_median_ms); p10/p90 are of single
-iterations. Other times are medians; the slowest rank counts.
+over the rounds of each round's mean iteration, averaged over the ranks (pace(); the
+slowest rank's reading of the same is kept in the JSON as slowest_rank_ms, its single
+iterations' median as iteration_median_ms); p10/p90 are of single iterations. Other
+times are medians; the slowest rank counts.
 Losses: every run's two warm-up losses against ddp's (same model, seed and batch
 on every rank), the largest difference over the steps and ranks: 0 at 2 ranks for
 a run that trains like DDP; at more ranks float32 summation order may differ.
@@ -626,6 +627,20 @@ def round_means(times, iters):
     return [statistics.fmean(times[i:i + iters]) for i in range(0, len(times), iters)]
 
 
+def pace(times_by_rank, iters):
+    """A run's time per iteration: the median over the rounds of each round's
+    mean iteration, averaged over the ranks. The ranks train in lockstep, so
+    over a round each runs the same iterations at the same pace; their clocks
+    start and stop where each one happens to be (a rank the scheduler parks
+    right after a collective ends its last step later), so one rank's round
+    reads long by what another's reads short, and the slowest rank's reading
+    is long by that jitter alone (widein at 4 ranks on 2 cores: DDP's
+    schedule 203.6 ms by the slowest rank, 191.0 by the ranks' mean, its
+    rounds 29 ms apart between ranks)."""
+    per_rank = [round_means(times, iters) for times in times_by_rank]
+    return statistics.median(statistics.fmean(ranks) for ranks in zip(*per_rank))
+
+
 def threads_per_rank(world):
     """This machine's cores shared out among the ranks that run on it."""
     return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -846,14 +861,16 @@ def main():
                                        names=[p.name for m in profile.modules for p in m.params], host_ms=host_ms,
                                        host_ms_per_mib=host_ms_per_mib, cores_share=share)
         predicted = slowest(predictions[name].iteration_ms / 1e3)
-        # The run's time: the median over the rounds of each round's mean iteration (its
-        # args.iters in a row), the slowest rank's. Not the median single iteration: where
-        # a schedule waits for communication in the next forward, time moves between one
-        # rank's consecutive iterations (bytescheduler/p4, GPT, 4 ranks on loopback: rank
-        # 0's median iteration 567 ms, the slowest rank's 642, rank 0's mean 582).
-        med = slowest(statistics.median(round_means(t, args.iters)))
+        # The run's time: pace() of the ranks' iterations, by rounds (args.iters in a row).
+        # Not the median single iteration: where a schedule waits for communication in the
+        # next forward, time moves between one rank's consecutive iterations (bytescheduler/p4,
+        # GPT, 4 ranks on loopback: rank 0's median iteration 567 ms, the slowest rank's 642,
+        # rank 0's mean 582). Both readings by the slowest rank are kept.
+        by_rank = all_ranks(t)
+        med = pace(by_rank, args.iters)
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) >= 2 else [t[0]] * 9  # within the samples
         rows[name] = dict(median_ms=1e3 * med, iteration_median_ms=1e3 * slowest(statistics.median(t)),
+                          slowest_rank_ms=1e3 * slowest(statistics.median(round_means(t, args.iters))),
                           p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound
@@ -868,6 +885,7 @@ def main():
                           phases_ms={k: 1e3 * slowest(statistics.median(v)) for k, v in phases[name].items()},
                           comm_ms={k: 1e3 * c[k] for k in COMM_KEYS},
                           iterations_ms=[1e3 * x for x in t],  # this rank's, in order: ITERS per round
+                          iterations_ms_by_rank=[[1e3 * x for x in r] for r in by_rank],
                           delayed=sorted((planned or {}).get("delays") or {}),  # deft: the parameters it delayed
                           loss_diff_vs_ddp=loss_diff.get(name))
         if planned and any(planned.values()):  # usbyte's blocks and order, deft's delays: --resimulate replays them

@@ -234,3 +234,13 @@ def test_a_run_time_is_the_median_of_its_rounds_means():
     assert train_bench.round_means(times, 3) == pytest.approx([0.5, 0.5, 0.7])
     assert statistics.median(train_bench.round_means(times, 3)) == pytest.approx(0.5)
     assert statistics.median(times) == pytest.approx(0.3)
+
+
+def test_a_run_time_averages_the_ranks_whose_clocks_stop_at_different_points():
+    # Two ranks in lockstep at 0.5 s per iteration; each round, one of them is parked for
+    # 0.1 s at the end of its last step, which the other's next round does not include.
+    rank0 = [0.5, 0.5, 0.6, 0.4, 0.5, 0.5, 0.5, 0.5, 0.6]
+    rank1 = [0.4, 0.5, 0.5, 0.5, 0.5, 0.6, 0.4, 0.5, 0.5]
+    assert train_bench.pace([rank0, rank1], 3) == pytest.approx(0.5)
+    slowest = max(statistics.median(train_bench.round_means(r, 3)) for r in (rank0, rank1))
+    assert slowest == pytest.approx(1.6 / 3), "the slowest rank's reading is long by the jitter alone"
