@@ -865,12 +865,12 @@ def main():
         # Not the median single iteration: where a schedule waits for communication in the
         # next forward, time moves between one rank's consecutive iterations (bytescheduler/p4,
         # GPT, 4 ranks on loopback: rank 0's median iteration 567 ms, the slowest rank's 642,
-        # rank 0's mean 582). Both readings by the slowest rank are kept.
+        # rank 0's mean 582). Both readings by the slowest rank are kept, from the same gather.
         by_rank = all_ranks(t)
         med = pace(by_rank, args.iters)
         q = statistics.quantiles(t, n=10, method="inclusive") if len(t) >= 2 else [t[0]] * 9  # within the samples
-        rows[name] = dict(median_ms=1e3 * med, iteration_median_ms=1e3 * slowest(statistics.median(t)),
-                          slowest_rank_ms=1e3 * slowest(statistics.median(round_means(t, args.iters))),
+        rows[name] = dict(median_ms=1e3 * med, iteration_median_ms=1e3 * max(map(statistics.median, by_rank)),
+                          slowest_rank_ms=1e3 * max(statistics.median(round_means(r, args.iters)) for r in by_rank),
                           p10_ms=1e3 * q[0], p90_ms=1e3 * q[-1], ideal_ms=1e3 * ideal,
                           predicted_ms=1e3 * predicted, prediction_error=predicted / med - 1,
                           predicted_cpu_ms=slowest(predictions[name].cpu_ms / 1e3) * 1e3,  # the host CPU bound
