@@ -422,7 +422,10 @@ def plot(rows: List[Dict], profiles: Dict[str, ScaleProfile], out: str, tuned: b
 
 def where_time_goes(profile: ScaleProfile, networks: Iterable[str], world: int, tune: bool) -> Dict[str, float]:
     """The same rows again under cProfile: seconds in the C++ simulator
-    (_C.simulate), in the bucket planner (_C.plan_buckets) and in Python."""
+    (_C.simulate), in the bucket planner (_C.plan_buckets) and in Python.
+    US-Byte's and DeFT's plans are made again, as in the timed run."""
+    _USBYTE_PLANS.clear()
+    _DEFT_PLANS.clear()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
