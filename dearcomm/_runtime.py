@@ -39,7 +39,10 @@ hooks; the engine's state is not something to guard on).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
+import itertools
 import logging
 import os
 import weakref
@@ -98,6 +101,14 @@ def completion_of(layout) -> "_C.Completion":
                          [(s.bucket, s.last_bucket) for s in layout.params])
 
 
+# Every model wrapped in this process, in the order of wrap(): errors that
+# name a parameter also name its model where there are several (a GAN's
+# generator and discriminator may both have a '0.weight').
+_WRAPPED: "weakref.WeakSet[DearRuntime]" = weakref.WeakSet()
+_WRAP_ORDER = itertools.count()
+_RELABELLED = (RuntimeError, ValueError, TypeError)  # what the engine's errors arrive as
+
+
 def _weak_hook(method):
     """A weak hook (see weakly) that torch.compile skips."""
     return torch.compiler.disable(weakly(method))
@@ -122,6 +133,8 @@ class DearRuntime:
             raise ValueError("dearcomm: the module has no parameter that requires grad; nothing to train")
         self.by_name: Dict[str, nn.Parameter] = {name: p for p, name in self.names.items()}
         self._check_blocks()
+        self._wrap_order = next(_WRAP_ORDER)
+        _WRAPPED.add(self)
 
         self.engine: Optional[_C.Engine] = None
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
@@ -273,6 +286,31 @@ class DearRuntime:
             "so the ranks' communication no longer pairs up and training cannot go on (as with DDP). Resume from "
             "a checkpoint in a new process; to skip bad batches, check the loss before backward()")
 
+    def model_label(self) -> str:
+        """Which wrapped model this is, where this process holds several
+        ("model 2 of the 2 wrapped (Discriminator)"); "" where it holds one."""
+        gc.collect()  # an error path: models dropped but not yet collected do not count
+        wrapped = sorted(_WRAPPED, key=lambda r: r._wrap_order)
+        if len(wrapped) < 2 or self not in wrapped:
+            return ""
+        plain = getattr(type(self._module), "_dear_plain_class", type(self._module))
+        return f"model {wrapped.index(self) + 1} of the {len(wrapped)} wrapped ({plain.__name__})"
+
+    @contextlib.contextmanager
+    def naming_the_model(self):
+        """Errors raised inside name this model after "dearcomm: " where the
+        process holds several wrapped models (see model_label)."""
+        try:
+            yield
+        except _RELABELLED as e:
+            text = str(e)
+            if type(e) not in _RELABELLED or not text.startswith("dearcomm: "):
+                raise
+            label = self.model_label()
+            if not label:
+                raise
+            raise type(e)(f"dearcomm: [{label}] {text[len('dearcomm: '):]}").with_traceback(e.__traceback__) from None
+
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:
             return  # "auto" profiling one rank's compute
@@ -286,14 +324,16 @@ class DearRuntime:
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
             self._queue_end_of_backward()  # where the loss did not come from the root's outputs
-        self.engine.mark_grad_ready(self.index[param], param.grad)
+        with self.naming_the_model():
+            self.engine.mark_grad_ready(self.index[param], param.grad)
 
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
         if not self._grads_arrived:
             return  # a backward that reached no parameter: torch.autograd.grad(outputs, inputs)
         try:
-            self._finish_backward()
+            with self.naming_the_model():
+                self._finish_backward()
         except BaseException:
             # Its reductions were issued for some buckets: as a backward that
             # raised midway, named at the next training forward.

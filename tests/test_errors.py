@@ -209,6 +209,23 @@ def misuse_worker(rank, world_size):
         one_step(model, optimizer, rank, world_size)
         optimizer.clip_grad_norm_(1.0, norm_type=-2.0)
 
+    def two_models_backward_twice():
+        # torch's DCGAN loop: the discriminator's two backwards before its step; both models have a '0.bias'.
+        generator, discriminator = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 1))
+        generator, _ = dearcomm.wrap(generator, sgd(generator))
+        discriminator, _ = dearcomm.wrap(discriminator, sgd(discriminator))
+        x = torch.ones(2, 4)
+        discriminator(x).sum().backward()
+        discriminator(generator(x).detach()).sum().backward()
+
+    def two_models_step_twice():
+        generator, discriminator = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 1))
+        generator, generator_optimizer = dearcomm.wrap(generator, sgd(generator))
+        discriminator, _ = dearcomm.wrap(discriminator, sgd(discriminator))
+        generator(torch.ones(2, 4)).sum().backward()
+        generator_optimizer.step()
+        generator_optimizer.step()
+
     def step_with_closure():
         model = MixedNet()
         model, optimizer = dearcomm.wrap(model, sgd(model))
@@ -229,7 +246,11 @@ MISUSE = {
     "unused_parameter": ("ValueError", r"2 parameter\(s\) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
     "step_before_backward": ("RuntimeError", "step\\(\\) called before the first backward"),
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
-    "backward_twice": ("RuntimeError", "got a second gradient before optimizer.step\\(\\)"),
+    "backward_twice": ("RuntimeError", "^dearcomm: parameter '.*' got a second gradient before optimizer.step\\(\\)"),
+    "two_models_backward_twice": ("RuntimeError", r"^dearcomm: \[model 2 of the 2 wrapped \(Sequential\)\] parameter "
+                                  r"'0\.(weight|bias)' got a second gradient before optimizer.step\(\)"),
+    "two_models_step_twice": ("RuntimeError", r"^dearcomm: \[model 1 of the 2 wrapped \(Sequential\)\] "
+                              r"optimizer.step\(\) called without a backward since the last step"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),
     "clip_with_nan_max_norm": ("ValueError", "max_norm must be a number >= 0 .*got nan"),
     "clip_with_negative_norm_type": ("ValueError", "norm_type must be a positive number or inf, got -2.0"),
@@ -333,10 +354,16 @@ def close_after_dead_peer_worker(rank, world_size):
     though the all-gathers it would finish cannot: the module is plain again
     and runs a local forward."""
     import os
+    import time
     model = MixedNet()
     model, optimizer = dearcomm.wrap(model, sgd(model), bucket_mb=0, timeout=PEER_TIMEOUT)
     x, y = next(iter(batches(1, 12)))
     F.cross_entropy(model(x), y).backward()
+    if rank == 0:
+        # Rank 1 is gone before this step's all-gathers are posted, so they
+        # cannot finish (had they finished before it left, close() would
+        # have nothing to finish and nothing to raise).
+        time.sleep(1)
     optimizer.step()
     if rank == 1:
         os._exit(3)

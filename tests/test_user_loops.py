@@ -337,6 +337,57 @@ def test_ema_from_update_hook_equals_ddp_ema():
     assert_no_failures(run_workers(ema_worker, 2))
 
 
+# ---- two wrapped models: a GAN ------------------------------------------------------
+
+def gan_worker(rank, world_size):
+    """torch's DCGAN loop with both models wrapped: the generator's backward
+    reaches the discriminator's parameters, whose zero_grad() at the next
+    iteration drops those gradients (a skipped step). DDP runs the example
+    as written, a backward per term of the discriminator's loss; dearcomm
+    one backward of their sum (two would raise): the same gradient."""
+    bce = nn.BCEWithLogitsLoss()
+    results = {}
+    for name in ("ddp", "dear", "wfbp", "bytescheduler"):
+        torch.manual_seed(0)
+        generator = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6))
+        discriminator = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        g_opt = torch.optim.Adam(generator.parameters(), lr=1e-2, betas=(0.5, 0.999))
+        d_opt = torch.optim.Adam(discriminator.parameters(), lr=1e-2, betas=(0.5, 0.999))
+        if name == "ddp":
+            generator = nn.parallel.DistributedDataParallel(generator)
+            discriminator = nn.parallel.DistributedDataParallel(discriminator)
+        else:
+            generator, g_opt = dearcomm.wrap(generator, g_opt, schedule=name)
+            discriminator, d_opt = dearcomm.wrap(discriminator, d_opt, schedule=name)
+        data = torch.Generator().manual_seed(rank)
+        for _ in range(5):
+            real, noise = torch.randn(8, 6, generator=data), torch.randn(8, 4, generator=data)
+            ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
+            discriminator.zero_grad()
+            fake = generator(noise)
+            if name == "ddp":
+                bce(discriminator(real), ones).backward()
+                bce(discriminator(fake.detach()), zeros).backward()
+            else:
+                (bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)).backward()
+            d_opt.step()
+            generator.zero_grad()
+            bce(discriminator(fake), ones).backward()
+            g_opt.step()
+        if name != "ddp":
+            generator.sync()
+            discriminator.sync()
+        results[name] = [p.detach().clone() for m in (generator, discriminator) for p in m.parameters()]
+    return results
+
+
+def test_a_gan_with_both_models_wrapped_trains_like_ddp():
+    for rank, r in enumerate(run_workers(gan_worker, 2, deadline=180)):
+        for schedule in ("dear", "wfbp", "bytescheduler"):
+            torch.testing.assert_close(r[schedule], r["ddp"], **TOL,
+                                       msg=lambda m: f"rank {rank} {schedule}: {m}")
+
+
 # ---- item 5: torch.compile -----------------------------------------------------------
 
 def compile_worker(rank, world_size, backend):
