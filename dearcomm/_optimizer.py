@@ -117,8 +117,10 @@ class DistributedOptimizer(Optimizer):
     def step(self, closure=None, grad_scaler=None):
         """Finishes the reductions, then updates (see the module's docstring).
         ``grad_scaler`` is passed by ``torch.amp.GradScaler.step``, not by you."""
-        with self._runtime.naming_the_model():
+        try:
             return self._step(closure, grad_scaler)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise self._runtime.naming_the_model(e) from None
 
     def _step(self, closure, grad_scaler):
         if closure is not None:

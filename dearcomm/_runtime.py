@@ -39,7 +39,6 @@ hooks; the engine's state is not something to guard on).
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import gc
 import itertools
@@ -296,20 +295,19 @@ class DearRuntime:
         plain = getattr(type(self._module), "_dear_plain_class", type(self._module))
         return f"model {wrapped.index(self) + 1} of the {len(wrapped)} wrapped ({plain.__name__})"
 
-    @contextlib.contextmanager
-    def naming_the_model(self):
-        """Errors raised inside name this model after "dearcomm: " where the
-        process holds several wrapped models (see model_label)."""
-        try:
-            yield
-        except _RELABELLED as e:
-            text = str(e)
-            if type(e) not in _RELABELLED or not text.startswith("dearcomm: "):
-                raise
-            label = self.model_label()
-            if not label:
-                raise
-            raise type(e)(f"dearcomm: [{label}] {text[len('dearcomm: '):]}").with_traceback(e.__traceback__) from None
+    def naming_the_model(self, error: BaseException) -> BaseException:
+        """``error`` naming this model after "dearcomm: " where the process
+        holds several wrapped models (see model_label); else ``error``. For
+        ``raise runtime.naming_the_model(e) from None`` in an except clause
+        (a try costs nothing where nothing raises: the hook runs per
+        gradient)."""
+        text = str(error)
+        if type(error) not in _RELABELLED or not text.startswith("dearcomm: "):
+            return error
+        label = self.model_label()
+        if not label:
+            return error
+        return type(error)(f"dearcomm: [{label}] {text[len('dearcomm: '):]}").with_traceback(error.__traceback__)
 
     def _on_grad(self, param: nn.Parameter) -> None:
         if self.planning:
@@ -324,20 +322,23 @@ class DearRuntime:
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
             self._queue_end_of_backward()  # where the loss did not come from the root's outputs
-        with self.naming_the_model():
+        try:
             self.engine.mark_grad_ready(self.index[param], param.grad)
+        except _RELABELLED as e:
+            raise self.naming_the_model(e) from None
 
     def _end_of_backward(self) -> None:
         self._end_of_backward_queued = False
         if not self._grads_arrived:
             return  # a backward that reached no parameter: torch.autograd.grad(outputs, inputs)
         try:
-            with self.naming_the_model():
-                self._finish_backward()
-        except BaseException:
+            self._finish_backward()
+        except BaseException as e:
             # Its reductions were issued for some buckets: as a backward that
             # raised midway, named at the next training forward.
             self._end_of_backward_queued = self._grads_arrived = True
+            if isinstance(e, _RELABELLED):
+                raise self.naming_the_model(e) from None
             raise
 
     def _finish_backward(self) -> None:
