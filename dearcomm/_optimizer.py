@@ -37,7 +37,7 @@ from torch.optim import Optimizer
 from . import _C
 from ._delayed import STATE_KEY as DELAYED_KEY
 from ._options import check_clip_arguments
-from ._runtime import DearRuntime
+from ._runtime import _RELABELLED, DearRuntime
 from ._torch_collectives import within
 from ._update import UpdateStrategy
 from ._update.base import refuse_nonfinite
@@ -119,7 +119,7 @@ class DistributedOptimizer(Optimizer):
         ``grad_scaler`` is passed by ``torch.amp.GradScaler.step``, not by you."""
         try:
             return self._step(closure, grad_scaler)
-        except (RuntimeError, ValueError, TypeError) as e:
+        except _RELABELLED as e:
             raise self._runtime.naming_the_model(e) from None
 
     def _step(self, closure, grad_scaler):

@@ -290,7 +290,7 @@ class DearRuntime:
         ("model 2 of the 2 wrapped (Discriminator)"); "" where it holds one."""
         gc.collect()  # an error path: models dropped but not yet collected do not count
         wrapped = sorted(_WRAPPED, key=lambda r: r._wrap_order)
-        if len(wrapped) < 2 or self not in wrapped:
+        if len(wrapped) < 2:
             return ""
         plain = getattr(type(self._module), "_dear_plain_class", type(self._module))
         return f"model {wrapped.index(self) + 1} of the {len(wrapped)} wrapped ({plain.__name__})"
