@@ -63,7 +63,8 @@ class DistributedOptimizer(Optimizer):
         runtime.on_step_skipped.append(self._step_skipped)
         self._groups = [(id(g["params"]), len(g["params"])) for g in optimizer.param_groups]
         self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
-        self._pending_clip: Optional[Tuple[float, torch.Tensor, bool]] = None  # clip_grad_norm_'s, applied in step()
+        # clip_grad_norm_'s (max_norm, norm, unscaled, the backward it followed), applied in step()
+        self._pending_clip: Optional[Tuple[float, torch.Tensor, bool, int]] = None
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
     # schedulers, hyper-parameter edits and the user's load_state_dict(), which
@@ -131,6 +132,10 @@ class DistributedOptimizer(Optimizer):
                 raise RuntimeError("dearcomm: optimizer.step() after model.close(); wrap the model again to train it")
             raise RuntimeError("dearcomm: optimizer.step() called before the first backward" + NO_SYNC_HINT)
         self._check_groups_unchanged()
+        if self._pending_clip is not None and self._pending_clip[3] != self._runtime.backwards:
+            raise RuntimeError(
+                "dearcomm: clip_grad_norm_() ran before the last backward of this step, so its norm leaves that "
+                "backward's gradients out; call it once, after the last backward, right before optimizer.step()")
         for hook in list(self.optimizer._optimizer_step_pre_hooks.values()):
             hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
@@ -154,7 +159,7 @@ class DistributedOptimizer(Optimizer):
             self._user_post_hooks()
             return None
         if pending_clip is not None:
-            max_norm, norm, unscaled = pending_clip
+            max_norm, norm, unscaled, _ = pending_clip
             if scaling and not unscaled:
                 norm.mul_(_inverse_scale(grad_scaler, norm.device))  # the tensor returned
             self._update.clip_to(max_norm, norm)
@@ -283,7 +288,7 @@ class DistributedOptimizer(Optimizer):
         unscaled = scaler is not None and scaler.is_enabled()
         if unscaled:
             norm.mul_(_inverse_scale(scaler, norm.device))
-        self._pending_clip = (float(max_norm), norm, unscaled)
+        self._pending_clip = (float(max_norm), norm, unscaled, self._runtime.backwards)
         return norm
 
     # ---- checkpoints ------------------------------------------------------------

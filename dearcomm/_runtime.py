@@ -153,6 +153,7 @@ class DearRuntime:
         self._module_buckets: Dict[nn.Module, List[int]] = {}
         self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
+        self.backwards = 0  # backwards that reached the engine and ended (several may precede a step)
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
@@ -368,6 +369,7 @@ class DearRuntime:
             self._agree_on_unused(unused_here)
         self.delayed.after_backward()  # a loaded checkpoint's delayed gradients; the guard's figures
         self._grad_versions = self.update.grad_versions(self.params)  # None where step() applies .grad as it is then
+        self.backwards += 1
 
     def _agree_on_unused(self, unused_here: List[int]) -> None:
         """find_unused_parameters: which parameters no rank used (and none had

@@ -122,10 +122,20 @@ def misuse_worker(rank, world_size):
         optimizer.step()
 
     def backward_twice():
+        # Two backwards before step() add up, as with DDP (test_training_features), except where deft delays buckets.
+        model = MixedNet()
+        model, optimizer = dearcomm.wrap(model, sgd(model), schedule="deft", bucket_mb=0,
+                                         delays={"fc.weight": 1, "fc.bias": 1})
+        one_step(model, optimizer, rank, world_size)
+        one_step(model, optimizer, rank, world_size)
+
+    def clip_before_last_backward():
         model = MixedNet()
         model, optimizer = dearcomm.wrap(model, sgd(model))
         one_step(model, optimizer, rank, world_size)
+        optimizer.clip_grad_norm_(1.0)
         one_step(model, optimizer, rank, world_size)
+        optimizer.step()
 
     def parameter_changes_shape():
         model = MixedNet()
@@ -210,10 +220,12 @@ def misuse_worker(rank, world_size):
         optimizer.clip_grad_norm_(1.0, norm_type=-2.0)
 
     def two_models_backward_twice():
-        # torch's DCGAN loop: the discriminator's two backwards before its step; both models have a '0.bias'.
+        # torch's DCGAN loop: the discriminator's two backwards before its step, which its delayed buckets do not
+        # take; both models have a '0.bias'.
         generator, discriminator = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 1))
         generator, _ = dearcomm.wrap(generator, sgd(generator))
-        discriminator, _ = dearcomm.wrap(discriminator, sgd(discriminator))
+        discriminator, _ = dearcomm.wrap(discriminator, sgd(discriminator), schedule="deft", bucket_mb=0,
+                                         delays={"0.weight": 1, "0.bias": 1})
         x = torch.ones(2, 4)
         discriminator(x).sum().backward()
         discriminator(generator(x).detach()).sum().backward()
@@ -246,9 +258,12 @@ MISUSE = {
     "unused_parameter": ("ValueError", r"2 parameter\(s\) got no gradient in this backward: 'unused.weight', 'unused.bias'"),
     "step_before_backward": ("RuntimeError", "step\\(\\) called before the first backward"),
     "step_twice": ("RuntimeError", "step\\(\\) called without a backward since the last step"),
-    "backward_twice": ("RuntimeError", "^dearcomm: parameter '.*' got a second gradient before optimizer.step\\(\\)"),
+    "backward_twice": ("RuntimeError", "^dearcomm: parameter '.*' got a second gradient before optimizer.step\\(\\), "
+                                       "which a schedule that delays buckets \\(deft\\) does not take"),
+    "clip_before_last_backward": ("RuntimeError", r"clip_grad_norm_\(\) ran before the last backward of this step"),
     "two_models_backward_twice": ("RuntimeError", r"^dearcomm: \[model 2 of the 2 wrapped \(Sequential\)\] parameter "
-                                  r"'0\.(weight|bias)' got a second gradient before optimizer.step\(\)"),
+                                  r"'0\.(weight|bias)' got a second gradient before optimizer.step\(\), which a "
+                                  r"schedule that delays"),
     "two_models_step_twice": ("RuntimeError", r"^dearcomm: \[model 1 of the 2 wrapped \(Sequential\)\] "
                               r"optimizer.step\(\) called without a backward since the last step"),
     "step_with_closure": ("NotImplementedError", "step\\(closure\\) is not supported"),

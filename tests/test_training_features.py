@@ -161,6 +161,40 @@ def accumulation_worker(rank, world_size):
     return each_schedule(rank, world_size, run)
 
 
+def backwards_before_step_worker(rank, world_size):
+    """Several backwards before step() outside no_sync() (a GAN's
+    discriminator: real, then fake samples), as DDP takes them: each
+    backward's gradients averaged, .grad their sum. Three micro-batches of a
+    third of the loss each equal one step on the global batch. With .grad
+    in the buckets (every backward's reductions finished at its end) and
+    without (DEARCOMM_GRAD_VIEWS=0: a reduce-scatter or ByteScheduler's
+    all-reduces still in flight when the next backward begins). A normal
+    loop: no sync() until the end."""
+    micro = 3
+
+    def run(schedule, update):
+        for views in ("1", "0"):
+            os.environ["DEARCOMM_GRAD_VIEWS"] = views
+            try:
+                torch.manual_seed(0)
+                model = MixedNet()
+                reference = copy.deepcopy(model)
+                optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+                model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+                for x, y in batches(3, GLOBAL_BATCH * micro):
+                    xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
+                    for i in range(micro):
+                        (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    step_on_global_batch(reference, ref_opt, x, y)
+                model.sync()
+                assert_same_parameters(model, reference, f"DEARCOMM_GRAD_VIEWS={views}")
+            finally:
+                del os.environ["DEARCOMM_GRAD_VIEWS"]
+    return each_schedule(rank, world_size, run)
+
+
 # ---- activation checkpointing -------------------------------------------------------
 
 class Checkpointed(MixedNet):
@@ -287,10 +321,10 @@ def unused_worker(rank, world_size):
     return each_schedule(rank, world_size, run)
 
 
-@pytest.mark.parametrize("worker", [clipping_worker, accumulation_worker, checkpointing_worker, unused_worker,
-                                    parameter_writes_worker],
-                         ids=["clipping", "no_sync-accumulation", "activation-checkpointing", "unused-parameters",
-                              "parameter-writes"])
+@pytest.mark.parametrize("worker", [clipping_worker, accumulation_worker, backwards_before_step_worker,
+                                    checkpointing_worker, unused_worker, parameter_writes_worker],
+                         ids=["clipping", "no_sync-accumulation", "backwards-before-step", "activation-checkpointing",
+                              "unused-parameters", "parameter-writes"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_feature_parity(worker, world_size):
     for rank, failures in enumerate(run_workers(worker, world_size, deadline=240)):

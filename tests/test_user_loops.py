@@ -60,9 +60,11 @@ def grad_scaler_worker(rank, world_size):
     "optimizer-clip": torch's recipe with dearcomm's clip, scaler.unscale_ then
     optimizer.clip_grad_norm_: with dear what step() applies is still scaled
     when it is called, yet its norm (read after step(), as the first step
-    learns of the scaler only then) and its clipping must be the unscaled ones."""
+    learns of the scaler only then) and its clipping must be the unscaled ones.
+    "two-backwards": the same with the local batch in two halves, a scaled
+    backward each before step() (the overflow in rank 1's second)."""
     def run(schedule, update, bucket_mb):
-        for variant in ("plain", "unscale_", "clip", "optimizer-clip"):
+        for variant in ("plain", "unscale_", "clip", "optimizer-clip", "two-backwards"):
             if variant == "clip" and not averaged_in_grad(schedule, update):
                 options = dict(max_grad_norm=0.3)  # dear, bytescheduler: clip inside step(), after unscaling
             else:
@@ -72,16 +74,21 @@ def grad_scaler_worker(rank, world_size):
             ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
             for step, (x, y) in enumerate(batches(5, GLOBAL_BATCH)):
                 overflow = step == 2
-                loss = local_loss(model, x, y, rank, world_size)
-                if overflow and rank == 1:
-                    loss = loss * float("inf")
-                scaler.scale(loss).backward()
+                halves = 2 if variant == "two-backwards" else 1
+                xs = local_slice(x, rank, world_size).chunk(halves)
+                ys = local_slice(y, rank, world_size).chunk(halves)
+                for i in range(halves):
+                    loss = F.cross_entropy(model(xs[i]), ys[i]) / halves
+                    if overflow and rank == 1 and i == halves - 1:
+                        loss = loss * float("inf")
+                    scaler.scale(loss).backward()
                 torch_clip = variant == "clip" and averaged_in_grad(schedule, update)
-                if variant in ("unscale_", "optimizer-clip") or torch_clip:
+                optimizer_clip = variant in ("optimizer-clip", "two-backwards")
+                if variant == "unscale_" or optimizer_clip or torch_clip:
                     scaler.unscale_(optimizer)
                 if torch_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
-                if variant == "optimizer-clip":
+                if optimizer_clip:
                     norm = optimizer.clip_grad_norm_(0.3)
                 scaler.step(optimizer)
                 scaler.update()
@@ -90,9 +97,9 @@ def grad_scaler_worker(rank, world_size):
                 ref_loss = F.cross_entropy(reference(x), y) * (float("inf") if overflow else 1.0)
                 ref_scaler.scale(ref_loss).backward()
                 ref_scaler.unscale_(ref_opt)
-                if variant in ("clip", "optimizer-clip"):
+                if variant in ("clip", "optimizer-clip", "two-backwards"):
                     ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.3)
-                if variant == "optimizer-clip" and not overflow:
+                if optimizer_clip and not overflow:
                     assert ref_norm > 0.3, "the test must actually clip"
                     torch.testing.assert_close(norm, ref_norm, **TOL, msg=lambda m: f"step {step} norm: {m}")
                 ref_scaler.step(ref_opt)
@@ -340,11 +347,11 @@ def test_ema_from_update_hook_equals_ddp_ema():
 # ---- two wrapped models: a GAN ------------------------------------------------------
 
 def gan_worker(rank, world_size):
-    """torch's DCGAN loop with both models wrapped: the generator's backward
-    reaches the discriminator's parameters, whose zero_grad() at the next
-    iteration drops those gradients (a skipped step). DDP runs the example
-    as written, a backward per term of the discriminator's loss; dearcomm
-    one backward of their sum (two would raise): the same gradient."""
+    """torch's DCGAN loop as written, both models wrapped: the
+    discriminator's two backwards (real, then fake samples) before its step
+    add up, as under DDP; the generator's backward reaches the
+    discriminator's parameters, whose zero_grad() at the next iteration drops
+    those gradients (a skipped step)."""
     bce = nn.BCEWithLogitsLoss()
     results = {}
     for name in ("ddp", "dear", "wfbp", "bytescheduler"):
@@ -365,11 +372,8 @@ def gan_worker(rank, world_size):
             ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
             discriminator.zero_grad()
             fake = generator(noise)
-            if name == "ddp":
-                bce(discriminator(real), ones).backward()
-                bce(discriminator(fake.detach()), zeros).backward()
-            else:
-                (bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)).backward()
+            bce(discriminator(real), ones).backward()
+            bce(discriminator(fake.detach()), zeros).backward()
             d_opt.step()
             generator.zero_grad()
             bce(discriminator(fake), ones).backward()

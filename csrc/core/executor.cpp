@@ -10,9 +10,12 @@ namespace {
 
 // What each of the two checks that meet these mistakes says.
 constexpr const char* kSecondGradient =
-    "' got a second gradient before optimizer.step(); call optimizer.step() after every backward, or run the "
-    "backwards that accumulate under model.no_sync() (Lightning's manual optimization: "
-    "self.trainer.strategy.block_backward_sync())";
+    "' got a second gradient before its backward ended (a backward that raised midway, then another): the ranks' "
+    "collectives may no longer pair up; resume from a checkpoint in a new process";
+constexpr const char* kDelayedBackwardAgain =
+    "' got a second gradient before optimizer.step(), which a schedule that delays buckets (deft) does not take: "
+    "call optimizer.step() after every backward, sum the losses into one backward, or run the backwards that "
+    "accumulate under model.no_sync() (Lightning's manual optimization: self.trainer.strategy.block_backward_sync())";
 constexpr const char* kStepWithoutBackward =
     "dearcomm: optimizer.step() called without a backward since the last step (a backward inside model.no_sync() "
     "does not count: run the last micro-batch's backward outside it; zero_grad() between a backward and step() "
@@ -121,15 +124,16 @@ void Executor::grad_ready(int64_t param) {
   if (state() == IterationState::kGathering) {
     flush();  // every pending gather goes out before this backward's first reduction
   }
-  // kReduced: a complete backward (wfbp, or .grad views) waits for its reductions at its end.
-  DEARCOMM_CORE_CHECK(state() != IterationState::kReduced, std::runtime_error, "dearcomm: parameter '",
-                      names_[param], kSecondGradient);
-  DEARCOMM_CORE_CHECK(state() == IterationState::kIdle || state() == IterationState::kBackward, std::runtime_error,
-                      "dearcomm: the gradient of '", names_[param], "' arrived in state ", to_string(state()),
-                      "; backward must not run inside optimizer.step()");
-  if (state() == IterationState::kIdle) {
-    begin_backward();
+  DEARCOMM_CORE_CHECK(state() != IterationState::kReduced || backward_ended_, std::logic_error,
+                      "dearcomm: internal error: reductions finished before the end of their backward");
+  if (backward_ended_ && (state() == IterationState::kBackward || state() == IterationState::kReduced)) {
+    backward_again(param);  // another backward before step(), as DDP takes it
+  } else if (state() == IterationState::kIdle) {
+    begin_backward(false);
   }
+  DEARCOMM_CORE_CHECK(state() == IterationState::kBackward, std::runtime_error, "dearcomm: the gradient of '",
+                      names_[param], "' arrived in state ", to_string(state()),
+                      "; backward must not run inside optimizer.step()");
   DEARCOMM_CORE_CHECK(!grad_ready_[param], std::runtime_error, "dearcomm: parameter '", names_[param],
                       kSecondGradient);
   device_.accept_grad(param);
@@ -152,19 +156,42 @@ void Executor::grad_ready(int64_t param) {
   }
 }
 
-void Executor::begin_backward() {
+void Executor::begin_backward(bool again) {
   std::vector<int64_t> link_model = device_.begin_backward();  // first: if it raises, no backward has begun
   iteration_ += 1;
   grad_ready_.assign(grad_ready_.size(), false);
   ready_.assign(ready_.size(), 0);
   for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
-    machine_.on(b, this_slot(b), BucketAction::kBackwardBegins);
+    machine_.on(b, this_slot(b), again ? BucketAction::kBackwardAgain : BucketAction::kBackwardBegins);
   }
   reduced_.reset();
   next_eligible_ = 0;
   backward_ended_ = false;
-  machine_.on(IterationEvent::kBackwardBegins);
+  machine_.on(again ? IterationEvent::kBackwardAgain : IterationEvent::kBackwardBegins);
   policy_->begin_iteration(bucket_bytes_, link_model);
+}
+
+// A backward after a complete one, before step() (a GAN's discriminator:
+// real, then fake samples). As with DDP, .grad accumulates and step()
+// applies the sum of the backwards' averages: each backward reduces what
+// .grad holds when its gradients arrive. Where the first one's averages went
+// to .grad (all-reduce, waited) that is avg(g1) + g2 on this rank, which
+// averages to avg(g1) + avg(g2); where they did not (a reduce-scatter's
+// shard, or reductions still in flight, which read a packed copy), .grad
+// holds g1 + g2, which averages to the same. Those still in flight are
+// waited for and their averages left unused.
+void Executor::backward_again(int64_t param) {
+  const bool delayed = std::any_of(delay_.begin(), delay_.end(), [](int64_t d) { return d > 0; });
+  DEARCOMM_CORE_CHECK(!delayed, std::runtime_error, "dearcomm: parameter '", names_[param], kDelayedBackwardAgain);
+  if (state() == IterationState::kBackward) {
+    for (int64_t b = 0; b < layout_.num_buckets(); ++b) {
+      if (machine_.bucket(b, this_slot(b)) == BucketState::kReducing) {
+        wait_reduction(b, this_slot(b));
+      }
+    }
+    machine_.on(IterationEvent::kReductionsWaited);
+  }
+  begin_backward(true);
 }
 
 void Executor::issue(const std::vector<Op>& ops) {

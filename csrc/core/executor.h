@@ -44,8 +44,9 @@ class Executor {
 
   // ---- backward --------------------------------------------------------
   // A gradient arrived (the first of a backward begins it; one in kGathering
-  // first makes every bucket current). Issues what the policy returns for
-  // every bucket that became eligible.
+  // first makes every bucket current; one after a complete backward, before
+  // step(), begins another whose reductions add to the first's, as with DDP).
+  // Issues what the policy returns for every bucket that became eligible.
   void grad_ready(int64_t param);
   // Parameters without a gradient so far in this backward.
   std::vector<int64_t> missing_grads() const;
@@ -102,7 +103,8 @@ class Executor {
   std::vector<Transition> take_records() { return machine_.take_records(); }
 
  private:
-  void begin_backward();
+  void begin_backward(bool again);
+  void backward_again(int64_t param);
   void issue(const std::vector<Op>& ops);
   void wait_reduction(int64_t bucket, int64_t slot);
   void use_averages(int64_t bucket);

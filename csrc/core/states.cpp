@@ -16,11 +16,12 @@ struct IterationRow {
   I to;
 };
 
-// Every change of an iteration's state. A backward can begin only from kIdle:
-// the executor first makes everything current (a flush) when one begins in
-// kGathering.
+// Every change of an iteration's state. A backward begins from kIdle (the
+// executor first makes everything current, a flush, when one begins in
+// kGathering), or again from kReduced before step().
 constexpr IterationRow kIterationTable[] = {
     {I::kIdle, IterationEvent::kBackwardBegins, I::kBackward},
+    {I::kReduced, IterationEvent::kBackwardAgain, I::kBackward},
     {I::kBackward, IterationEvent::kReductionsWaited, I::kReduced},
     {I::kReduced, IterationEvent::kStepDone, I::kIdle},
     {I::kReduced, IterationEvent::kStepLeftPending, I::kGathering},
@@ -36,6 +37,7 @@ struct BucketRow {
 
 constexpr BucketRow kBucketTable[] = {
     {B::kCurrent, BucketAction::kBackwardBegins, B::kFilling},
+    {B::kReduced, BucketAction::kBackwardAgain, B::kFilling},
     {B::kFilling, BucketAction::kIssueReduction, B::kReducing},
     {B::kReducing, BucketAction::kWaitReduction, B::kReduced},
     {B::kReduced, BucketAction::kIssueGather, B::kGathering},
@@ -105,6 +107,7 @@ const char* to_string(BucketState state) {
 const char* to_string(IterationEvent event) {
   switch (event) {
     case IterationEvent::kBackwardBegins: return "backward_begins";
+    case IterationEvent::kBackwardAgain: return "backward_again";
     case IterationEvent::kReductionsWaited: return "reductions_waited";
     case IterationEvent::kStepDone: return "step_done";
     case IterationEvent::kStepLeftPending: return "step_left_pending";
@@ -116,6 +119,7 @@ const char* to_string(IterationEvent event) {
 const char* to_string(BucketAction action) {
   switch (action) {
     case BucketAction::kBackwardBegins: return "backward_begins";
+    case BucketAction::kBackwardAgain: return "backward_again";
     case BucketAction::kIssueReduction: return "issue_reduction";
     case BucketAction::kWaitReduction: return "wait_reduction";
     case BucketAction::kIssueGather: return "issue_gather";

@@ -36,6 +36,7 @@ const char* to_string(BucketState state);
 // What moves an iteration on.
 enum class IterationEvent {
   kBackwardBegins,     // the first gradient of a backward
+  kBackwardAgain,      // the first gradient of another backward before step()
   kReductionsWaited,   // every reduction finished and averaged
   kStepDone,           // step() left nothing for the next forward (wfbp, skipped step)
   kStepLeftPending,    // step() left gathers (or reductions) for the next forward
@@ -45,6 +46,7 @@ enum class IterationEvent {
 // What happens to a bucket.
 enum class BucketAction {
   kBackwardBegins,  // -> filling
+  kBackwardAgain,   // reduced -> filling: another backward before step() reduces .grad again
   kIssueReduction,
   kWaitReduction,   // also averages
   kIssueGather,
