@@ -154,6 +154,8 @@ class DearRuntime:
         self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
         self.backwards = 0  # backwards that reached the engine and ended (several may precede a step)
+        self._backwards_at_step = 0  # self.backwards at the last step's end
+        self._unused_this_step: frozenset = frozenset()  # find_unused_parameters: no gradient in any backward since
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
@@ -320,6 +322,8 @@ class DearRuntime:
                 self._build_engine()
         if not self._grads_arrived:
             self._grads_arrived = True
+            if self.backwards > self._backwards_at_step and self.auto is not None:
+                self.auto.forbid_delays()  # several backwards a step: deft's delayed buckets would refuse them
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
             self._queue_end_of_backward()  # where the loss did not come from the root's outputs
@@ -353,13 +357,17 @@ class DearRuntime:
             for i in missing:
                 # As DDP: an unused parameter contributes its .grad, which holds
                 # what earlier no_sync() micro-batches accumulated; zeros if none.
+                # Unused in an earlier backward of this step too, its .grad is
+                # the zeros packed then (a bucket view): still unused.
                 grad = self.params[i].grad
-                if grad is None:
+                if grad is None or i in self._unused_this_step:
                     unused_here.append(i)
-                    if i not in self._zeros:
-                        self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
-                    grad = self._zeros[i]
+                    if grad is None:
+                        if i not in self._zeros:
+                            self._zeros[i] = torch.zeros_like(self.params[i], memory_format=torch.contiguous_format)
+                        grad = self._zeros[i]
                 engine.mark_grad_ready(i, grad)
+            self._unused_this_step = frozenset(unused_here)
         # Raises naming parameters without a gradient; issues what the schedule
         # held back; waits for the reductions where the schedule says so (wfbp:
         # .grad holds the average, as with DDP) or where they read .grad's
@@ -437,6 +445,7 @@ class DearRuntime:
         hooks are due once their parameters are current; "auto" checks its
         prediction against the measured iterations. ``updated=False``: a step
         zero_grad() skipped, which calls no update hook."""
+        self._backwards_at_step, self._unused_this_step = self.backwards, frozenset()
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()

@@ -2,6 +2,7 @@
 trained on the global batch: gradient clipping, accumulation with no_sync(),
 activation checkpointing, unused parameters, and checkpoints that survive a
 restart (also at another world size, and into a plain torch optimizer)."""
+import contextlib
 import copy
 import math
 import os
@@ -168,18 +169,19 @@ def backwards_before_step_worker(rank, world_size):
     third of the loss each equal one step on the global batch. With .grad
     in the buckets (every backward's reductions finished at its end) and
     without (DEARCOMM_GRAD_VIEWS=0: a reduce-scatter or ByteScheduler's
-    all-reduces still in flight when the next backward begins). A normal
-    loop: no sync() until the end."""
+    all-reduces still in flight when the next backward begins). SGD with
+    momentum and weight decay, whose step would show a gradient off by a
+    factor, and AdamW. A normal loop: no sync() until the end."""
     micro = 3
 
     def run(schedule, update):
-        for views in ("1", "0"):
+        for views, optim in (("1", "sgd"), ("1", "adamw"), ("0", "sgd")):
             os.environ["DEARCOMM_GRAD_VIEWS"] = views
             try:
                 torch.manual_seed(0)
                 model = MixedNet()
                 reference = copy.deepcopy(model)
-                optimizer, ref_opt = make_optimizer("adamw", model), make_optimizer("adamw", reference)
+                optimizer, ref_opt = make_optimizer(optim, model), make_optimizer(optim, reference)
                 model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
                 for x, y in batches(3, GLOBAL_BATCH * micro):
                     xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
@@ -189,7 +191,7 @@ def backwards_before_step_worker(rank, world_size):
                     optimizer.zero_grad()
                     step_on_global_batch(reference, ref_opt, x, y)
                 model.sync()
-                assert_same_parameters(model, reference, f"DEARCOMM_GRAD_VIEWS={views}")
+                assert_same_parameters(model, reference, f"{optim}, DEARCOMM_GRAD_VIEWS={views}")
             finally:
                 del os.environ["DEARCOMM_GRAD_VIEWS"]
     return each_schedule(rank, world_size, run)
@@ -283,12 +285,16 @@ def unused_worker(rank, world_size):
     DDP does), not replaced by zeros; and against moving a parameter that no
     rank used (`never`): as with DDP it keeps .grad None and the optimizer
     skips it, where a zero gradient would move it under momentum and weight
-    decay."""
+    decay. first="backward": that first micro-batch outside no_sync(), two
+    backwards before step(): `never` gets no gradient in either, and must
+    still keep .grad None."""
     def run(schedule, update):
-        run_steps(schedule, update, accumulate=False)
-        run_steps(schedule, update, accumulate=True)
+        run_steps(schedule, update, first=None)
+        run_steps(schedule, update, first="no_sync")
+        run_steps(schedule, update, first="backward")
 
-    def run_steps(schedule, update, accumulate):
+    def run_steps(schedule, update, first):
+        accumulate = first is not None
         torch.manual_seed(0)
         model = Branchy()
         reference = copy.deepcopy(model)
@@ -301,7 +307,7 @@ def unused_worker(rank, world_size):
             x, y = torch.randn(world_size * 4, 6, generator=g), torch.randint(0, 2, (world_size * 4,), generator=g)
             branch_on = lambda r: (r + step) % 2 == 0  # noqa: E731  - used on some ranks only
             if accumulate:  # a first micro-batch that uses the branch everywhere
-                with model.no_sync():
+                with model.no_sync() if first == "no_sync" else contextlib.nullcontext():
                     F.cross_entropy(model(local_slice(x, rank, world_size), True),
                                     local_slice(y, rank, world_size)).backward()
             F.cross_entropy(model(local_slice(x, rank, world_size), branch_on(rank)),
@@ -317,7 +323,7 @@ def unused_worker(rank, world_size):
             ref_opt.step()
             ref_opt.zero_grad()
             model.sync()
-            assert_same_parameters(model, reference, f"step {step}")
+            assert_same_parameters(model, reference, f"first micro-batch {first}, step {step}")
     return each_schedule(rank, world_size, run)
 
 

@@ -10,8 +10,9 @@ namespace {
 
 // What each of the two checks that meet these mistakes says.
 constexpr const char* kSecondGradient =
-    "' got a second gradient before its backward ended (a backward that raised midway, then another): the ranks' "
-    "collectives may no longer pair up; resume from a checkpoint in a new process";
+    "' got a second gradient before its backward ended: a parameter used both inside and outside a reentrant "
+    "activation checkpoint (use_reentrant=False avoids it), or a backward that raised midway, then another (the "
+    "ranks' collectives may no longer pair up: resume from a checkpoint in a new process)";
 constexpr const char* kDelayedBackwardAgain =
     "' got a second gradient before optimizer.step(), which a schedule that delays buckets (deft) does not take: "
     "call optimizer.step() after every backward, sum the losses into one backward, or run the backwards that "
