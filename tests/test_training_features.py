@@ -171,11 +171,14 @@ def backwards_before_step_worker(rank, world_size):
     without (DEARCOMM_GRAD_VIEWS=0: a reduce-scatter or ByteScheduler's
     all-reduces still in flight when the next backward begins). SGD with
     momentum and weight decay, whose step would show a gradient off by a
-    factor, and AdamW. A normal loop: no sync() until the end."""
+    factor, and AdamW; and with the middle backward under no_sync(), which
+    the third one's reductions carry. A normal loop: no sync() until the
+    end."""
     micro = 3
 
     def run(schedule, update):
-        for views, optim in (("1", "sgd"), ("1", "adamw"), ("0", "sgd")):
+        for views, optim, middle in (("1", "sgd", "plain"), ("1", "adamw", "plain"), ("0", "sgd", "plain"),
+                                     ("1", "sgd", "no_sync")):
             os.environ["DEARCOMM_GRAD_VIEWS"] = views
             try:
                 torch.manual_seed(0)
@@ -186,12 +189,14 @@ def backwards_before_step_worker(rank, world_size):
                 for x, y in batches(3, GLOBAL_BATCH * micro):
                     xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
                     for i in range(micro):
-                        (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
+                        quiet = middle == "no_sync" and i == 1  # accumulates locally, reduced with the third
+                        with model.no_sync() if quiet else contextlib.nullcontext():
+                            (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
                     optimizer.step()
                     optimizer.zero_grad()
                     step_on_global_batch(reference, ref_opt, x, y)
                 model.sync()
-                assert_same_parameters(model, reference, f"{optim}, DEARCOMM_GRAD_VIEWS={views}")
+                assert_same_parameters(model, reference, f"{optim}, DEARCOMM_GRAD_VIEWS={views}, middle {middle}")
             finally:
                 del os.environ["DEARCOMM_GRAD_VIEWS"]
     return each_schedule(rank, world_size, run)
