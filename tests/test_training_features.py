@@ -137,28 +137,32 @@ def test_the_clipping_norm_of_a_large_shard_is_as_exact_as_torchs():
 
 # ---- accumulation ------------------------------------------------------------------
 
-def accumulation_worker(rank, world_size):
-    micro = 4
-
-    def run(schedule, update):
-        torch.manual_seed(0)
-        model = MixedNet()
-        reference = copy.deepcopy(model)
-        optimizer, ref_opt = make_optimizer("sgd", model), make_optimizer("sgd", reference)
-        model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
-        for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH * micro)):
-            xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
-            for i in range(micro):
-                if i < micro - 1:
-                    with model.no_sync():
-                        (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
-                else:
-                    (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            step_on_global_batch(reference, ref_opt, x, y)
+def train_micro_batches(rank, world_size, schedule, update, optim, micro, quiet, sync_each_step):
+    """Three steps of `micro` micro-batches, a backward each (inside no_sync()
+    where quiet(i)), against one step on the global batch; compared after
+    every step (sync_each_step) or after the last only (a normal loop)."""
+    torch.manual_seed(0)
+    model = MixedNet()
+    reference = copy.deepcopy(model)
+    optimizer, ref_opt = make_optimizer(optim, model), make_optimizer(optim, reference)
+    model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
+    for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH * micro)):
+        xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
+        for i in range(micro):
+            with model.no_sync() if quiet(i) else contextlib.nullcontext():
+                (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        step_on_global_batch(reference, ref_opt, x, y)
+        if sync_each_step or step == 2:
             model.sync()
             assert_same_parameters(model, reference, f"step {step}")
+
+
+def accumulation_worker(rank, world_size):
+    def run(schedule, update):
+        train_micro_batches(rank, world_size, schedule, update, "sgd", micro=4, quiet=lambda i: i < 3,
+                            sync_each_step=True)
     return each_schedule(rank, world_size, run)
 
 
@@ -174,29 +178,15 @@ def backwards_before_step_worker(rank, world_size):
     factor, and AdamW; and with the middle backward under no_sync(), which
     the third one's reductions carry. A normal loop: no sync() until the
     end."""
-    micro = 3
-
     def run(schedule, update):
         for views, optim, middle in (("1", "sgd", "plain"), ("1", "adamw", "plain"), ("0", "sgd", "plain"),
                                      ("1", "sgd", "no_sync")):
             os.environ["DEARCOMM_GRAD_VIEWS"] = views
             try:
-                torch.manual_seed(0)
-                model = MixedNet()
-                reference = copy.deepcopy(model)
-                optimizer, ref_opt = make_optimizer(optim, model), make_optimizer(optim, reference)
-                model, optimizer = dearcomm.wrap(model, optimizer, bucket_mb=0.001, schedule=schedule, update=update)
-                for x, y in batches(3, GLOBAL_BATCH * micro):
-                    xs, ys = local_slice(x, rank, world_size).chunk(micro), local_slice(y, rank, world_size).chunk(micro)
-                    for i in range(micro):
-                        quiet = middle == "no_sync" and i == 1  # accumulates locally, reduced with the third
-                        with model.no_sync() if quiet else contextlib.nullcontext():
-                            (F.cross_entropy(model(xs[i]), ys[i]) / micro).backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    step_on_global_batch(reference, ref_opt, x, y)
-                model.sync()
-                assert_same_parameters(model, reference, f"{optim}, DEARCOMM_GRAD_VIEWS={views}, middle {middle}")
+                train_micro_batches(rank, world_size, schedule, update, optim, micro=3,
+                                    quiet=lambda i: middle == "no_sync" and i == 1, sync_each_step=False)
+            except AssertionError as e:
+                raise AssertionError(f"{optim}, DEARCOMM_GRAD_VIEWS={views}, middle {middle}: {e}") from None
             finally:
                 del os.environ["DEARCOMM_GRAD_VIEWS"]
     return each_schedule(rank, world_size, run)
