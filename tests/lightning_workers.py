@@ -163,8 +163,9 @@ def errors_worker(rank, world_size, tmp):
 def manual_and_averaging_worker(rank, world_size, tmp):
     """Against Lightning's DDP: manual optimization clipping with
     self.clip_gradients() (it clipped a copy of the optimizer and stepped
-    unclipped), and EMAWeightAveraging, which reads every parameter after
-    each step (the ranks' averages parted)."""
+    unclipped), also with two manual_backward() calls before the step (each
+    communicates; the gradients add up), and EMAWeightAveraging, which reads
+    every parameter after each step (the ranks' averages parted)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import EMAWeightAveraging, StochasticWeightAveraging
     from lightning.pytorch.strategies import DDPStrategy
@@ -173,14 +174,14 @@ def manual_and_averaging_worker(rank, world_size, tmp):
 
     as_torchrun_rank(rank, world_size)
 
-    def manual_module():
+    def manual_module(backwards=1):
         module = lightning_module()
         module.automatic_optimization = False
 
         def training_step(batch, batch_idx):
             optimizer = module.optimizers()
-            x, y = batch
-            module.manual_backward(F.mse_loss(module(x), y))
+            for x, y in zip(*(t.chunk(backwards) for t in batch)):
+                module.manual_backward(F.mse_loss(module(x), y) / backwards)
             module.clip_gradients(optimizer, gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
             optimizer.step()
             optimizer.zero_grad()
@@ -196,7 +197,8 @@ def manual_and_averaging_worker(rank, world_size, tmp):
 
     averaging = {"EMAWeightAveraging": lambda: [EMAWeightAveraging(decay=0.5)],
                  "StochasticWeightAveraging": lambda: [StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)]}
-    cases = [("manual optimization, self.clip_gradients()", manual_module, lambda: None)]
+    cases = [("manual optimization, self.clip_gradients()", manual_module, lambda: None),
+             ("manual optimization, two manual_backward() a step", lambda: manual_module(backwards=2), lambda: None)]
     cases += [(name, lightning_module, callbacks) for name, callbacks in averaging.items()]
     for what, make, callbacks in cases:
         def args():  # callbacks of their own for each Trainer
