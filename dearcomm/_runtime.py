@@ -155,7 +155,7 @@ class DearRuntime:
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
         self.backwards = 0  # backwards that reached the engine and ended (several may precede a step)
         self._backwards_at_step = 0  # self.backwards at the last step's end
-        self._unused_this_step: frozenset = frozenset()  # find_unused_parameters: no gradient in any backward since
+        self._unused_this_step: frozenset = frozenset()  # find_unused_parameters: none in any backward since the step
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
         self.unused_everywhere: frozenset = frozenset()  # find_unused_parameters: no rank's last backward used these
