@@ -154,7 +154,6 @@ class DearRuntime:
         self._end_of_backward_queued = False  # this backward's end-of-backward callback is queued
         self._grads_arrived = False  # a gradient reached the engine since the last end of backward
         self.backwards = 0  # backwards that reached the engine and ended (several may precede a step)
-        self._backwards_at_step = 0  # self.backwards at the last step's end
         self._unused_this_step: frozenset = frozenset()  # find_unused_parameters: none in any backward since the step
         self.sync_gradients = True  # False inside DearModule.no_sync()
         self._zeros: Dict[int, torch.Tensor] = {}  # find_unused_parameters: stand-in gradients
@@ -322,7 +321,8 @@ class DearRuntime:
                 self._build_engine()
         if not self._grads_arrived:
             self._grads_arrived = True
-            if self.backwards > self._backwards_at_step and self.auto is not None:
+            again = self.engine.state in (_C.IterationState.BACKWARD, _C.IterationState.REDUCED)  # no step since
+            if again and self.auto is not None:
                 self.auto.forbid_delays()  # several backwards a step: deft's delayed buckets would refuse them
             if self._unreported:
                 self.sync()  # the engine would flush anyway; the update hooks see it first
@@ -445,7 +445,7 @@ class DearRuntime:
         hooks are due once their parameters are current; "auto" checks its
         prediction against the measured iterations. ``updated=False``: a step
         zero_grad() skipped, which calls no update hook."""
-        self._backwards_at_step, self._unused_this_step = self.backwards, frozenset()
+        self._unused_this_step = frozenset()
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()
