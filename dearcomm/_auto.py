@@ -20,7 +20,8 @@ At the first training forward, before any gradient is communicated:
      (below), and each family's runners-up;
   3. training goes on with each shortlisted candidate in turn for one step
      that rebuilds the buckets (WARMUP steps for the first: the job's first
-     steps run slow) and TRIAL_STEPS measured ones (the optimizer
+     steps run slow; the first delays nothing, so a loop of several
+     backwards a step is seen before deft's delays would refuse it) and TRIAL_STEPS measured ones (the optimizer
      state moving along, DearRuntime.reconfigure); then the first once
      more, 1 + TRIAL_STEPS steps as the others, and that trial counts; then with the
      REFINE_TRIALS runners-up of the REFINE_FAMILIES families that measured
@@ -592,7 +593,8 @@ class AutoPlanner:
             default_ms = result.default.predicted_ms if default is None else first[default].predicted_ms
             shortlist = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in first)
             runners_up = tuple(({k: c.options.get(k) for k in keys}, c.predicted_ms) for c in runners_up)
-            chosen = AutoPlan(options=shortlist[0][0], shortlist=shortlist, runners_up=runners_up,
+            best = min(shortlist, key=lambda entry: entry[1])  # not always the first trial's (_first_round)
+            chosen = AutoPlan(options=best[0], shortlist=shortlist, runners_up=runners_up,
                               reference=reference, default=default,
                               predicted_ms=result.predicted_ms, default_ms=default_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
@@ -718,8 +720,9 @@ def _shortlist(result: autotune.Plan) -> Tuple[List[autotune.Candidate], List[au
 def _first_round(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool
                  ) -> Tuple[List[autotune.Candidate], List[autotune.Candidate], Optional[int], Optional[int]]:
     """_shortlist's first round, with the reference and wrap()'s default
-    after it where they are not in it; its runners-up; the reference's and
-    the default's index in the first round (None where not simulated)."""
+    after it where they are not in it, and the best predicted candidate
+    that delays nothing first; its runners-up; the reference's and the
+    default's index in the first round (None where not simulated)."""
     first, runners_up = _shortlist(result)
     default = _default(result, auto, update_free)
     # The others are the user's in every candidate: only the "auto" options tell DDP's layout.
@@ -728,6 +731,11 @@ def _first_round(result: autotune.Plan, auto: Tuple[str, ...], update_free: bool
     for anchor in anchors:
         if anchor is not None and anchor not in first:
             first.append(anchor)
+    # The first trial never delays: the job's first steps under it show
+    # whether its loop takes several backwards a step, which delays refuse
+    # (AutoPlanner.forbid_delays), before a candidate that delays trains.
+    on_time = next((i for i, c in enumerate(first) if not c.options.get("delays")), 0)
+    first.insert(0, first.pop(on_time))
     reference, default = (None if anchor is None else first.index(anchor) for anchor in anchors)
     return first, runners_up, reference, default
 

@@ -261,6 +261,20 @@ def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their
     assert first == sizes and reference == default == 1
 
 
+def test_the_first_trial_delays_nothing_even_where_delays_are_predicted_fastest(monkeypatch):
+    # deft's delays refuse a loop of several backwards a step; the first
+    # candidate's steps show such a loop (forbid_delays) before any delay trains.
+    _knobs(monkeypatch, MAX_TRIALS=3)
+    candidates = [_candidate(80.0, schedule="deft", update="replicated", delays={"0.weight": 1}),
+                  _candidate(90.0, partition_mb=4.0), _candidate(99.0),
+                  _candidate(101.0, schedule="wfbp", update="replicated")]
+    result = autotune.Plan(best=candidates[0], default=candidates[2], candidates=candidates)
+    auto = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
+    first, _, reference, default = _auto._first_round(result, auto, update_free=True)
+    assert first == [candidates[1], candidates[0], candidates[3], candidates[2]]
+    assert (reference, default) == (2, 3)
+
+
 def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirmations(monkeypatch):
     _knobs(monkeypatch, REFINE_FAMILIES=1, REFINE_TRIALS=1, REFINE_MAX_FAMILIES=1, CONFIRM_CONTENDERS=1,
            CONFIRM_ROUNDS=1)

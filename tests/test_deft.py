@@ -436,6 +436,13 @@ def _auto_keeps_a_deft_plan_that_delays():
     auto._first_round = lambda result, *args: ([c for c in result.candidates
                                                  if c.options["schedule"] == "deft" and c.options["delays"]][:1],
                                                 [], None, None)
+    _link_as_slow_as_compute()
+
+
+def _link_as_slow_as_compute():
+    """auto plans for the network as measured, but slower (see below)."""
+    import dearcomm._auto as auto
+
     measure = auto.measure_job
 
     def link_as_slow_as_compute(*args):
@@ -471,6 +478,54 @@ def test_auto_with_max_delay_can_choose_deft_and_trains_with_its_delays():
         assert result["schedule"] == "deft" and result["delays"], f"rank {rank}: {result['schedule']}"
         assert result["difference"] == {}, f"rank {rank}"
         assert "schedule=deft" in result["plan"] and "parameters delayed>" in result["plan"], result["plan"]
+
+
+def auto_with_two_backwards_worker(rank, world_size):
+    """schedule="auto" with max_delay on a link where deft's delays are
+    predicted fastest, and a loop of two backwards a step (a GAN's
+    discriminator: real, then fake samples): the first trial delays
+    nothing, its first step shows the two backwards, and deft's trial then
+    runs on time instead of raising at a second backward. Trains as one
+    process on the global batch with the same two backwards, through the
+    first round of trials, deft's included."""
+    _link_as_slow_as_compute()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    reference = copy.deepcopy(model)
+    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
+    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", max_delay=1)
+    auto = model._dear.auto
+    g = torch.Generator().manual_seed(1)
+    trained_with, deft_index = [], None
+    while deft_index is None or len(auto.plans[0].measured_ms) <= deft_index:
+        x, y = torch.randn(4 * world_size, 64, generator=g), torch.randint(0, 10, (4 * world_size,), generator=g)
+        optimizer.zero_grad()
+        for half in (0, 1):  # this rank's samples 2*half, 2*half+1
+            mine = slice(rank * 4 + 2 * half, rank * 4 + 2 * half + 2)
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+        optimizer.step()
+        trained_with.append((model._dear.options.schedule, bool(model._dear.options.delays)))
+        ref_optimizer.zero_grad()
+        for half in (0, 1):  # every rank's samples of that half
+            rows = [r * 4 + 2 * half + i for r in range(world_size) for i in (0, 1)]
+            F.cross_entropy(reference(x[rows]), y[rows]).backward()
+        ref_optimizer.step()
+        plan = auto.plans[0]
+        deft_index = next(i for i, (options, _) in enumerate(plan.shortlist) if options.get("delays"))
+        assert len(trained_with) < 100, f"deft's candidate not measured after 100 steps: {plan}"
+    model.sync()
+    best = min(plan.shortlist, key=lambda entry: entry[1])[0]
+    return dict(best=(best["schedule"], bool(best.get("delays"))), trained_with=trained_with,
+                max_delay=auto.max_delay, difference=differences(model, reference))
+
+
+def test_auto_with_max_delay_trains_a_loop_of_two_backwards_a_step_on_time():
+    for rank, result in enumerate(run_workers(auto_with_two_backwards_worker, 2, deadline=300)):
+        assert result["best"] == ("deft", True), f"rank {rank}: delays not predicted fastest: {result['best']}"
+        assert ("deft", False) in result["trained_with"], f"rank {rank}: {result['trained_with']}"
+        assert not any(delayed for _, delayed in result["trained_with"]), f"rank {rank}: {result['trained_with']}"
+        assert result["max_delay"] == 0 and result["difference"] == {}, f"rank {rank}: {result}"
 
 
 def auto_after_the_guard_worker(rank, world_size):
