@@ -547,7 +547,7 @@ def gather_beside_forward(ddp, layout):
     ddp.module.register_forward_hook(finish)
 
 
-def finish_auto_trials(model, optimizer, x, y, limit=100):
+def finish_auto_trials(model, optimizer, x, y, limit=300):
     """auto: the iterations that measure its shortlist, before the run is
     timed (they train, as in a user's job); returns their wall time (s)."""
     start = time.perf_counter()
@@ -555,6 +555,8 @@ def finish_auto_trials(model, optimizer, x, y, limit=100):
         if model.auto_plan().decided:
             break
         iteration(model, optimizer, x, y)
+    if not model.auto_plan().decided:
+        raise RuntimeError(f"auto still measuring its shortlist after {limit} iterations: {model.auto_plan()}")
     iteration(model, optimizer, x, y)  # the chosen options' buckets built
     settle(model)
     return time.perf_counter() - start

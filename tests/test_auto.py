@@ -40,7 +40,8 @@ def _auto_worker(rank, world_size):
     # the reference once more; every window "drifts": one re-plan, whose trials go the same way.
     _auto.WARMUP, _auto.WINDOW, _auto.DRIFT = 1, 2, -1.0
     _auto.MAX_REPLANS, _auto.MAX_TRIALS, _auto.REFINE_TRIALS, _auto.REFINE_FAMILIES, _auto.TRIAL_STEPS = 1, 2, 1, 1, 1
-    _auto.CONFIRM_ROUNDS, _auto.REFINE_MAX_FAMILIES = 1, 1  # one family refined, however close the others measured
+    _auto.CONFIRM_ROUNDS = _auto.CONFIRM_MAX_ROUNDS = 1  # one confirmation round, however close
+    _auto.REFINE_MAX_FAMILIES = 1  # one family refined, however close the others measured
     # MixedNet's 2 KiB fit one bucket at every size of the default grid, and
     # sizes that lay out the same buckets are one candidate: 0.5 KiB buckets
     # give every family a second layout.
@@ -315,7 +316,7 @@ def test_trials_go_first_round_then_the_first_again_then_runners_up_then_confirm
 def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypatch):
     _knobs(monkeypatch, CONFIRM_ROUNDS=3, CONFIRM_CONTENDERS=1)
     plan = _plan_measured([90.0, 110.0, 100.0], reference=2)
-    assert plan.confirmation_queue() == (0, 2, 0, 2, 0, 2) and plan.next_trial() == 0 and not plan.decided
+    assert plan.next_round() == (0, 2) and plan.next_trial() == 0 and not plan.decided
     # Lucky in its trial: measured again, it is as fast as the reference; the reference stays.
     lucky = _plan_measured([90.0, 110.0, 100.0], 2, [(0, 101.0), (2, 100.0), (0, 99.0), (2, 100.5), (0, 100.0),
                                                       (2, 99.0)])
@@ -342,7 +343,7 @@ def test_the_fastest_trial_must_beat_the_reference_again_to_replace_it(monkeypat
     assert _plan_measured([90.0, 110.0, 100.0], 2, slower, predicted=[91.0, 110.0, 100.0]).choice()[0] == 2
     # The reference measured fastest: nothing to confirm.
     plain = _plan_measured([105.0, 110.0, 100.0], 2)
-    assert plain.confirmation_queue() == () and plain.decided and plain.choice() == (2, 100.0)
+    assert plain.next_round() == () and plain.decided and plain.choice() == (2, 100.0)
     # No reference (none among the candidates): the fastest measured.
     assert _plan_measured([105.0, 95.0], None).choice() == (1, 95.0)
 
@@ -353,11 +354,19 @@ def test_the_two_fastest_trials_are_confirmed_and_the_one_that_beats_the_referen
     trials = [480.0, 421.3, 539.6, 460.8]
     plan = _plan_measured(trials, reference=2)
     assert plan.contenders() == (1, 3)
-    assert plan.confirmation_queue() == (1, 3, 2) * 3 and plan.next_trial() == 1
+    assert plan.next_round() == (1, 3, 2) and plan.next_trial() == 1
     again = [(1, 465.9), (3, 452.0), (2, 511.0), (1, 589.4), (3, 447.0), (2, 504.7), (1, 520.0), (3, 450.1), (2, 506.3)]
     assert _plan_measured(trials, 2, again[:4]).next_trial() == 3 and not _plan_measured(trials, 2, again[:4]).decided
-    decided = _plan_measured(trials, 2, again)
-    assert decided.decided and decided.choice() == (3, 450.1)
+    # After three rounds 3 is decided (0.885-0.889 the reference's time), 1 is not (0.91, 1.17,
+    # 1.03: its median lies within two standard errors of 0.97): it and the reference go on.
+    three = _plan_measured(trials, 2, again)
+    assert three.next_round() == (1, 2) and three.next_trial() == 1 and not three.decided
+    plan = three
+    while (index := plan.next_trial()) is not None:
+        plan = plan.with_trial(510.0 if index == 1 else 500.0)
+    ratios = plan.confirmed_ratios()
+    assert 3 < len(ratios[1]) <= _auto.CONFIRM_MAX_ROUNDS and len(ratios[3]) == 3
+    assert plan.decided and plan.choice() == (3, 450.1)
     # Neither beats the reference by the margin: the reference stays.
     close = [(i, ms if i == 2 else 500.0) for i, ms in again]
     assert _plan_measured(trials, 2, close).choice()[0] == 2
@@ -374,7 +383,7 @@ def test_the_two_fastest_trials_are_confirmed_and_the_one_that_beats_the_referen
     one = [(1, 440.0), (3, 497.0), (2, 500.0)] * 3
     assert _plan_measured(trials, 2, one, predicted=[100.0, 103.0, 104.0, 101.0]).choice() == (1, 440.0)
     # Only one candidate but the reference: one contender.
-    assert _plan_measured([90.0, 100.0], reference=1).confirmation_queue() == (0, 1) * 3
+    assert _plan_measured([90.0, 100.0], reference=1).next_round() == (0, 1)
 
 
 def test_wraps_default_priced_near_the_fastest_is_confirmed_whatever_its_one_trial_read(monkeypatch):
@@ -383,14 +392,14 @@ def test_wraps_default_priced_near_the_fastest_is_confirmed_whatever_its_one_tri
     # runner-up (3) measured fastest in a quieter moment; the reference (2).
     trials, predicted = [492.0, 502.1, 477.9, 399.3], [438.4, 453.0, 463.6, 469.1]
     plan = dataclasses.replace(_plan_measured(trials, 2, predicted=predicted), default=0)
-    assert plan.contenders() == (3, 0) and plan.confirmation_queue() == (3, 0, 2) * 3
+    assert plan.contenders() == (3, 0) and plan.next_round() == (3, 0, 2)
     # Measured again in turn, the default is the faster: predicted faster than the reference by
     # more than the margin, it needs only to measure faster.
     again = [(3, 428.3), (0, 381.0), (2, 398.1), (3, 422.2), (0, 384.5), (2, 412.9), (3, 413.0), (0, 379.9),
              (2, 396.0)]
     assert dataclasses.replace(plan, confirmations=tuple(again)).choice() == (0, 381.0)
     # The reference measured fastest: the default is still measured against it.
-    assert dataclasses.replace(plan, measured_ms=(492.0, 502.1, 390.0, 399.3)).confirmation_queue() == (0, 2) * 3
+    assert dataclasses.replace(plan, measured_ms=(492.0, 502.1, 390.0, 399.3)).next_round() == (0, 2)
     # Priced more than CONFIRM_DEFAULT_WITHIN behind the fastest (as on a slow link): its trial decides.
     far = dataclasses.replace(_plan_measured(trials, 2, predicted=[480.0, 453.0, 463.6, 440.0]), default=0)
     assert far.contenders() == (3,)
