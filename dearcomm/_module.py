@@ -34,6 +34,12 @@ _NO_MODULE = ("dearcomm: a wrapped model has no attribute 'module': dearcomm.wra
               "a wrapper around it (as FSDP2's fully_shard does); use `model` where a DDP script uses `model.module`")
 
 
+_NO_JOIN = ("dearcomm: a wrapped model has no {}: DDP's join() for uneven inputs (ranks with different numbers of "
+            "batches) is not supported; give every rank the same number of steps (DistributedSampler pads the last "
+            "batches to that by default, or drop_last=True)")
+_JOIN_ATTRIBUTES = ("join", "join_hook", "join_device", "join_process_group")  # DDP's, and torch's Joinable's
+
+
 class DearModule:
     """Mixin for modules returned by :func:`dearcomm.wrap`."""
 
@@ -168,6 +174,8 @@ class DearModule:
                 # Not the model itself: `while hasattr(m, "module"): m = m.module`
                 # (transformers' unwrap_model, many scripts) would never end.
                 raise AttributeError(_NO_MODULE) from None
+            if name in _JOIN_ATTRIBUTES:  # model.join(), or torch's Join([model]) asking a Joinable for them
+                raise AttributeError(_NO_JOIN.format(name)) from None
             raise
 
 

@@ -419,6 +419,51 @@ def test_dead_peer_raises_within_timeout(schedule, update, when):
         assert seconds < PEER_TIMEOUT.total_seconds() + 30, f"rank {rank} took {seconds:.0f} s to notice"
 
 
+# ---- uneven inputs ---------------------------------------------------------------
+
+def uneven_inputs_worker(rank, world_size):
+    """Rank 1 has one batch fewer and goes on to other work (a long
+    evaluation, no collective): rank 0's extra step raises at the timeout,
+    naming the collective, instead of hanging. DDP's join(), for such a
+    loop, raises by name: dearcomm does not take it."""
+    import time
+
+    from torch.distributed.algorithms.join import Join
+
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, sgd(model), bucket_mb=0, timeout=PEER_TIMEOUT)
+    joins = []
+    for attempt in (lambda: model.join(), lambda: Join([model])):
+        try:
+            attempt()
+        except AttributeError as e:
+            joins.append(str(e))
+    start = time.monotonic()
+    try:
+        for x, y in batches(3 - rank, 12):
+            optimizer.zero_grad()
+            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+            optimizer.step()
+        model.sync()
+        if rank == 1:
+            time.sleep(PEER_TIMEOUT.total_seconds() + 5)
+        return None, time.monotonic() - start, joins
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start, joins
+
+
+def test_uneven_inputs_raise_at_the_timeout_and_join_is_refused_by_name():
+    results = run_workers(uneven_inputs_worker, 2, deadline=120)
+    for joins in (r[2] for r in results):
+        assert len(joins) == 2 and all(m.startswith("dearcomm: a wrapped model has no join") and
+                                       "uneven inputs" in m and "DistributedSampler" in m for m in joins[:1]), joins
+        assert "no join_" in joins[1] and "uneven inputs" in joins[1], joins
+    message, seconds, _ = results[0]
+    assert message is not None and message.startswith("dearcomm: [rank 0]") and "of bucket" in message, message
+    assert seconds < PEER_TIMEOUT.total_seconds() + 10, f"rank 0 took {seconds:.0f} s to notice"
+    assert results[1][0] is None, results[1]
+
+
 # ---- an exception inside backward ---------------------------------------------------
 
 class RaiseInBackward(torch.autograd.Function):
