@@ -243,7 +243,7 @@ class AutoPlan:
                 and len(self.measured_ms) == len(self.shortlist))
 
     def fastest_measured(self) -> int:
-        """The shortlist's index of the fastest measured candidate (ties: the earlier, better predicted)."""
+        """The shortlist's index of the fastest measured candidate (ties: the earlier)."""
         return min(range(len(self.measured_ms)), key=lambda i: self.measured_ms[i])
 
     def contenders(self) -> Tuple[int, ...]:
@@ -524,7 +524,7 @@ class AutoPlanner:
         self._baseline_due = plan.decided
         # WARMUP steps before the first trial too: a job's first steps run
         # slow (the optimizer's state allocated, memory settling). With one,
-        # the first candidate, the predicted best, measured slowest against its
+        # the first candidate (then the predicted best) measured slowest against its
         # prediction of all candidates in 15 of 25 rows (GPT at 4 ranks: dear
         # with 1 MiB buckets 900 ms in its trial, 787 ms fixed in the same row).
         # With them it read faster than its second trial on 7 of 9 rows, so
@@ -542,9 +542,14 @@ class AutoPlanner:
         self._switch_to = None
         self._expected_ms = None  # nothing measured to compare with: no drift check
 
-    def _train_with(self, options: Dict[str, Any]) -> None:
+    def _as_trained(self, options: Dict[str, Any]) -> Dict[str, Any]:
+        """``options`` as training takes them: once delays are forbidden, deft on time (as wfbp)."""
         if not self.max_delay and options.get("delays"):
-            options = dict(options, delays={}, max_delay=0)  # the guard fired: deft on time (as wfbp)
+            return dict(options, delays={}, max_delay=0)
+        return options
+
+    def _train_with(self, options: Dict[str, Any]) -> None:
+        options = self._as_trained(options)
         current = {name: getattr(self.runtime.options, name) for name in options}
         if options != current:
             self.runtime.reconfigure(dataclasses.replace(self.runtime.options, **options))
@@ -593,6 +598,7 @@ class AutoPlanner:
             return
         chosen, chosen_ms = plan.choice()
         options, predicted = plan.shortlist[chosen]
+        options = self._as_trained(options)  # what its trials trained with, and the log and auto_plan() say
         plan = self.plans[-1] = dataclasses.replace(plan, options=options, predicted_ms=predicted)
         if self.runtime.rank == 0:
             logger.info("%s", plan)
