@@ -226,6 +226,15 @@ def _plan_measured(measured, reference, confirmations=(), predicted=None):
                           confirmations=tuple(confirmations))
 
 
+ALL_AUTO = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
+
+
+def _first_round_of(candidates, default):
+    """_first_round over candidates (fastest predicted first), every option "auto"."""
+    result = autotune.Plan(best=candidates[0], default=default, candidates=candidates)
+    return _auto._first_round(result, ALL_AUTO, update_free=True)
+
+
 def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their_prediction(monkeypatch):
     _knobs(monkeypatch, MAX_TRIALS=2)
     # As on loopback: dear-sharded with partitions predicted fastest, the default far behind.
@@ -233,9 +242,8 @@ def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their
                   _candidate(95.0, schedule="bytescheduler", update="replicated"),
                   _candidate(97.0, partition_mb=16.0), _candidate(99.0),
                   _candidate(101.0, schedule="wfbp", update="replicated")]
-    result = autotune.Plan(best=candidates[0], default=candidates[4], candidates=candidates)
-    auto = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
-    first, runners_up, reference, default = _auto._first_round(result, auto, update_free=True)
+    auto = ALL_AUTO
+    first, runners_up, reference, default = _first_round_of(candidates, candidates[4])
     assert first == [candidates[0], candidates[1], candidates[5], candidates[4]]
     assert (reference, default) == (2, 3)
     assert candidates[3] in runners_up
@@ -243,8 +251,7 @@ def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their
     # replicated one; where the user fixed it (every candidate has theirs), it is that one.
     replicated = _candidate(98.0, update="replicated")
     both = sorted(candidates + [replicated], key=lambda c: c.predicted_ms)
-    result_both = autotune.Plan(best=both[0], default=candidates[4], candidates=both)
-    first, _, _, default = _auto._first_round(result_both, auto, update_free=True)
+    first, _, _, default = _first_round_of(both, candidates[4])
     assert first[default] == candidates[4]
     fixed = [c for c in both if c.options["update"] == "replicated"]
     first, _, reference, default = _auto._first_round(
@@ -252,8 +259,7 @@ def test_the_first_round_measures_ddp_s_layout_and_wrap_s_default_whatever_their
     assert first[default] == replicated and first[reference].options["schedule"] == "wfbp"
     # The default already in the first round (predicted fastest): not measured twice.
     ranked = [candidates[4], candidates[5], candidates[0]]
-    result = autotune.Plan(best=ranked[0], default=ranked[0], candidates=ranked)
-    first, _, reference, default = _auto._first_round(result, auto, update_free=True)
+    first, _, reference, default = _first_round_of(ranked, ranked[0])
     assert first == ranked[:2] and (reference, default) == (1, 0)
     # Only bucket_mb "auto" (the rest the user's): DDP's layout and wrap()'s default are one candidate.
     sizes = [_candidate(90.0, bucket_mb=1.0), _candidate(99.0)]
@@ -269,9 +275,7 @@ def test_the_first_trial_delays_nothing_even_where_delays_are_predicted_fastest(
     candidates = [_candidate(80.0, schedule="deft", update="replicated", delays={"0.weight": 1}),
                   _candidate(90.0, partition_mb=4.0), _candidate(99.0),
                   _candidate(101.0, schedule="wfbp", update="replicated")]
-    result = autotune.Plan(best=candidates[0], default=candidates[2], candidates=candidates)
-    auto = ("schedule", "bucket_mb", "partition_mb", "credit_mb")
-    first, _, reference, default = _auto._first_round(result, auto, update_free=True)
+    first, _, reference, default = _first_round_of(candidates, candidates[2])
     assert first == [candidates[1], candidates[0], candidates[3], candidates[2]]
     assert (reference, default) == (2, 3)
 
