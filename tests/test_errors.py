@@ -461,6 +461,7 @@ def test_uneven_inputs_raise_at_the_timeout_and_join_is_refused_by_name():
         assert joins[1].startswith("dearcomm: a wrapped model has no join_"), joins  # Join([model]) asks for more
     message, seconds, _ = results[0]
     assert message is not None and message.startswith("dearcomm: [rank 0]") and "of bucket" in message, message
+    assert "ran out of batches" in message and "same number of optimizer steps" in message, message
     assert seconds < PEER_TIMEOUT.total_seconds() + 10, f"rank 0 took {seconds:.0f} s to notice"
     assert results[1][0] is None, results[1]
 

@@ -216,9 +216,16 @@ void Engine::check_bucket_index(int64_t bucket) const {
       "dearcomm: bucket ", bucket, " out of range [0, ", buckets_.size(), ")");
 }
 
+// What a failed or timed-out collective most often means, which the
+// transport's own text (a closed connection, a receive timeout) does not say.
+constexpr const char* kPeerMissing =
+    " (the ranks' collectives did not pair up: a peer failed, exited or stalled, or ran out of batches before "
+    "this rank did; every rank must take the same number of optimizer steps)";
+
 void Engine::fail_collective(const char* what, int64_t bucket, const std::exception& e) const {
   TORCH_CHECK(false, "dearcomm: [rank ", backend_->rank(), "] ", what, " of bucket ", bucket, " (",
-      layout_.buckets[bucket].numel, " elements, backend ", backend_->name(), ") failed: ", error_text(e));
+      layout_.buckets[bucket].numel, " elements, backend ", backend_->name(), ") failed: ", error_text(e),
+      kPeerMissing);
 }
 
 // ---- backward ------------------------------------------------------------
