@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from auto_summary import NOT_FIXED, twin
+from auto_summary import fixed_runs, twin
 
 from dearcomm import _auto
 
@@ -50,7 +50,7 @@ def main() -> None:
         if not isinstance(data, dict) or "runs" not in data:
             continue
         runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
-        fixed = {n: r for n, r in runs.items() if n.split("/")[0] not in NOT_FIXED and not n.endswith("/again")}
+        fixed = fixed_runs(runs)
         ddp = runs.get("ddp", {}).get("median_ms")
         for name, run in runs.items():
             if name.split("/")[0] != "auto" or not (result := replayed(run)):

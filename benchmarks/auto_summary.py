@@ -29,6 +29,12 @@ from train_bench import parse_run
 NOT_FIXED = ("ddp", "auto", "dear-bo", "fsdp2", "ddp+gather", "deft")
 
 
+def fixed_runs(runs: dict) -> dict:
+    """The row's fixed configurations auto is held to; a second timing of
+    a run ('X/again') is the same configuration, not another candidate."""
+    return {n: r for n, r in runs.items() if n.split("/")[0] not in NOT_FIXED and not n.endswith("/again")}
+
+
 def twin(chosen: dict, fixed: dict, bucket_mb: float):
     """The fixed run whose options auto chose, if any (usbyte and deft plan
     their own blocks and delays, so no run of theirs is auto's twin)."""
@@ -58,8 +64,7 @@ def row(path: Path):
     if "auto" not in runs or "ddp" not in runs:
         return None
     ddp = runs["ddp"]["median_ms"]
-    # A second timing of a run ('X/again') is the same configuration, not another candidate.
-    fixed = {n: r for n, r in runs.items() if n.split("/")[0] not in NOT_FIXED and not n.endswith("/again")}
+    fixed = fixed_runs(runs)
     best = min(fixed, key=lambda n: fixed[n]["median_ms"])
     auto, bo = runs["auto"], runs.get("dear-bo")
     comm_bound = runs["ddp"]["comm_ms"]["ar"] > data["pieces_ms"]["bwd"]

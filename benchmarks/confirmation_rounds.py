@@ -15,7 +15,7 @@ import random
 import statistics
 from pathlib import Path
 
-from auto_summary import NOT_FIXED, twin
+from auto_summary import fixed_runs, twin
 
 from dearcomm import _auto
 
@@ -28,7 +28,7 @@ def round_errors(paths):
         if not isinstance(data, dict) or "runs" not in data:
             continue
         runs = {n: r for n, r in data["runs"].items() if "skipped" not in r}
-        fixed = {n: r for n, r in runs.items() if n.split("/")[0] not in NOT_FIXED and not n.endswith("/again")}
+        fixed = fixed_runs(runs)
         link = "loopback" if "loopback" in path.stem else "1gbit"
         for name, run in runs.items():
             confirmations = [tuple(c) for c in run.get("auto_confirmations") or ()]

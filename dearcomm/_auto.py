@@ -149,13 +149,13 @@ CONFIRM_MAX_ROUNDS = 9
 CONFIRM_CERTAINTY = 2.0
 """A contender is measured in further rounds, CONFIRM_MAX_ROUNDS in all at
 most, while its median ratio to the reference lies within this many
-standard errors of its threshold: one round's ratio varies by about 8%
-here on loopback (robust spread over 483 stored rounds, against the fixed
+standard errors of its threshold: one round's ratio varies by 7.5-8%
+here on loopback (robust spread over 535 stored rounds, against the fixed
 runs' ratio; 5% at 1 Gbit/s), so three rounds tell a contender 7% faster
 than the reference from one as fast as it in about 4 of 5 runs. Drawn
-from those rounds' errors, measuring on while undecided raises that to 9
-of 10, and takes a contender as fast as the reference for faster in 19%
-of runs instead of 30%, at 7 rounds on average where it is close
+from those rounds' errors, measuring on while undecided raises that to
+more than 9 of 10, and takes a contender as fast as the reference for
+faster in 17% of runs instead of 28%, at 7 rounds on average where it is close
 (benchmarks/confirmation_rounds.py; the errors drawn include the fixed
 runs' own, so the real rounds vary less)."""
 CONFIRM_MARGIN = 0.03
