@@ -263,11 +263,9 @@ def test_skipping_a_step_is_refused_while_buckets_are_delayed():
 # ---- a job that plans its own delays -------------------------------------------------------------
 
 
-def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
-    """An MLP wrapped with `wrap_options` trained on this rank's slice in a
-    plain loop, beside one process on the global batch that applies the
-    delays the job ended up with (planned at its first forward) from step 0.
-    Returns the wrapped model, its optimizer and where they differ."""
+def mlp_and_reference(widths, **wrap_options):
+    """An MLP (64 inputs, 10 outputs) wrapped with `wrap_options`, its
+    optimizer, and an unwrapped copy with its own (SGD with momentum)."""
     torch.manual_seed(0)
     layers = [torch.nn.Linear(64, widths[0])]
     for a, b in zip(widths, widths[1:] + [10]):
@@ -276,6 +274,15 @@ def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
     reference = copy.deepcopy(model)
     optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
     model, optimizer = dearcomm.wrap(model, optimizer, **wrap_options)
+    return model, optimizer, reference, ref_optimizer
+
+
+def mlp_beside_reference(rank, world_size, widths, steps, **wrap_options):
+    """An MLP wrapped with `wrap_options` trained on this rank's slice in a
+    plain loop, beside one process on the global batch that applies the
+    delays the job ended up with (planned at its first forward) from step 0.
+    Returns the wrapped model, its optimizer and where they differ."""
+    model, optimizer, reference, ref_optimizer = mlp_and_reference(widths, **wrap_options)
     g = torch.Generator().manual_seed(1)
     swap = None
     for _ in range(steps):
@@ -489,12 +496,8 @@ def auto_with_two_backwards_worker(rank, world_size):
     process on the global batch with the same two backwards, through the
     first round of trials, deft's included."""
     _link_as_slow_as_compute()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    reference = copy.deepcopy(model)
-    optimizer, ref_optimizer = (torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference))
-    model, optimizer = dearcomm.wrap(model, optimizer, schedule="auto", bucket_mb="auto", max_delay=1)
+    model, optimizer, reference, ref_optimizer = mlp_and_reference([2048, 512], schedule="auto", bucket_mb="auto",
+                                                                   max_delay=1)
     auto = model._dear.auto
     g = torch.Generator().manual_seed(1)
     trained_with, deft_index = [], None
