@@ -661,14 +661,23 @@ def test_parameters_read_without_calling_their_module_are_current(world_size):
     assert_no_failures(run_workers(child_weights_worker, world_size))
 
 
-def rank0_only_optimizer_state_worker(rank, world_size):
+def rank0_only_optimizer_state_worker(rank, world_size, after_another):
     """update='sharded': optimizer.state_dict() gathers every rank's shard, so
     the DDP idiom of calling it on rank 0 alone cannot work; it must fail fast
-    with an error that says what to do, not wait out the collective timeout."""
+    with an error that says what to do, not wait out the collective timeout.
+    after_another: an earlier wrapped optimizer's state_dict() ran on every
+    rank first (as auto's change of update does), which once let the second's
+    rendezvous pass at once and the gather wait out the group's timeout."""
     import time
 
     from dearcomm._update import sharded_state
     sharded_state.ARRIVAL_SECONDS = 3.0
+    if after_another:
+        model, optimizer, _, _ = wrapped_pair("dear", "sharded", 0)
+        for x, y in batches(1, GLOBAL_BATCH):
+            step_on_slice(model, optimizer, x, y, rank, world_size)
+        optimizer.state_dict()
+        model.close()
     model, optimizer, _, _ = wrapped_pair("dear", "sharded", 0)
     for x, y in batches(2, GLOBAL_BATCH):
         step_on_slice(model, optimizer, x, y, rank, world_size)
@@ -682,8 +691,9 @@ def rank0_only_optimizer_state_worker(rank, world_size):
     return len(state["state"])
 
 
-def test_rank0_only_sharded_optimizer_state_dict_fails_fast():
-    counts = run_workers(rank0_only_optimizer_state_worker, 2, deadline=120)
+@pytest.mark.parametrize("after_another", [False, True])
+def test_rank0_only_sharded_optimizer_state_dict_fails_fast(after_another):
+    counts = run_workers(rank0_only_optimizer_state_worker, 2, after_another, deadline=120)
     assert counts[0] == counts[1] > 0
 
 

@@ -31,7 +31,6 @@ class ShardedAtStep(AveragesInShards):
         super().__init__(optimizer, runtime)
         self.shard_optimizer: Optional[Optimizer] = None  # None until the engine exists, or if this rank has no piece
         self.pieces: List[Piece] = []
-        self.consolidations = 0  # completed consolidated state_dict() calls: names their rendezvous
         self._pending_state: Optional[Dict[str, Any]] = None  # loaded before the engine existed
         self._versions: List[int] = []  # the parameters' version counters when the master shards last matched them
 

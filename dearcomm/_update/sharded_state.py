@@ -118,6 +118,11 @@ def consolidate(update) -> Dict[str, Any]:
 # rank-0-only call that long).
 ARRIVAL_SECONDS = 120.0
 
+# Completed rendezvous per set of ranks, in this process: they name the
+# store's keys, which outlive the optimizer that made them (a second wrap(),
+# auto's change of update), so the count cannot be the optimizer's own.
+_arrivals: Dict[str, int] = {}
+
 
 def _every_rank_arrives(update, what: str) -> None:
     """The consolidated state is gathered from every rank. DDP scripts often
@@ -127,7 +132,7 @@ def _every_rank_arrives(update, what: str) -> None:
     runtime = update.runtime
     store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
     ranks = ",".join(map(str, dist.get_process_group_ranks(runtime.group)))
-    key = f"dearcomm/arrivals/{ranks}/{update.consolidations + 1}"
+    key = f"dearcomm/arrivals/{ranks}/{_arrivals.get(ranks, 0) + 1}"
     store.add(key, 1)
     given = runtime.options.timeout  # wrap(timeout=): the user's own bound on how far apart ranks may be
     limit = given.total_seconds() if given is not None else min(ARRIVAL_SECONDS, runtime.timeout.total_seconds())
@@ -142,7 +147,7 @@ def _every_rank_arrives(update, what: str) -> None:
                 "calls it and some arrive later than that (after a long rank-0-only evaluation), give "
                 "wrap(timeout=) longer than the gap.")
         time.sleep(0.01)
-    update.consolidations += 1
+    _arrivals[ranks] = _arrivals.get(ranks, 0) + 1
 
 
 def _to_cpu(value):
