@@ -52,9 +52,29 @@ NO_SYNC_HINT = (" (a backward inside model.no_sync() does not count: run the las
                 "it)")
 
 
+class _RefuseDirectStep:
+    """A step pre-hook on the optimizer given to wrap(): stepped in place of
+    the one wrap() returned it would apply whatever .grad holds, this rank's
+    own gradient under schedule="dear" (the ranks drift apart without a word),
+    while the all-gathers still write the parameters. Raises while the wrap is
+    open; after model.close() the optimizer is the user's again."""
+
+    def __init__(self, runtime: DearRuntime) -> None:
+        self._runtime = weakref.ref(runtime)
+
+    def __call__(self, optimizer: Optimizer, args, kwargs) -> None:
+        runtime = self._runtime()
+        if runtime is not None and not runtime.closed:
+            raise RuntimeError(
+                f"dearcomm: step() of the {type(optimizer).__name__} given to wrap(); step the optimizer wrap() "
+                "returned instead (model, optimizer = dearcomm.wrap(model, optimizer)): it reduces the gradients "
+                "before updating, where yours would apply this rank's own")
+
+
 class DistributedOptimizer(Optimizer):
     def __init__(self, optimizer: Optimizer, runtime: DearRuntime) -> None:
         self.optimizer = optimizer
+        optimizer.register_step_pre_hook(_RefuseDirectStep(runtime))
         Optimizer.__setstate__(self, {})  # torch's hook tables; the state itself is the user's (below)
         self._runtime = runtime
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
@@ -137,7 +157,8 @@ class DistributedOptimizer(Optimizer):
                 "dearcomm: clip_grad_norm_() ran before the last backward of this step, so its norm leaves that "
                 "backward's gradients out; call it once, after the last backward, right before optimizer.step()")
         for hook in list(self.optimizer._optimizer_step_pre_hooks.values()):
-            hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
+            if not isinstance(hook, _RefuseDirectStep):
+                hook(self.optimizer, (), {})  # the user's optimizer's hooks, once a step (its own steps run without)
         scaling = grad_scaler is not None and grad_scaler.is_enabled()
         if scaling and self._runtime.delayed.delays:
             raise NotImplementedError(

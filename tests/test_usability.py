@@ -378,3 +378,36 @@ def step_hooks_worker(rank, world_size):
 
 def test_step_hooks_run_once_per_step():
     assert_no_failures(run_workers(step_hooks_worker, 2))
+
+
+def original_optimizer_worker(rank, world_size):
+    """The DDP habit of keeping one's own optimizer: `model, _ = wrap(model,
+    optimizer)`, then optimizer.step(). Under dear that applied each rank's
+    own gradient and the ranks drifted apart without a word; it raises, naming
+    the fix, changes nothing, and the returned optimizer then steps as usual.
+    After model.close() the optimizer is the user's again."""
+    def run(schedule, update):
+        torch.manual_seed(0)
+        model = MixedNet()
+        reference = copy.deepcopy(model)
+        optimizer, ref_opt = make_optimizer("sgd", model), make_optimizer("sgd", reference)
+        model, returned = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
+        data = list(batches(3, GLOBAL_BATCH))
+        for step, (x, y) in enumerate(data):
+            F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+            if step == 1:
+                with pytest.raises(RuntimeError, match=r"step\(\) of the SGD given to wrap\(\); step the optimizer "
+                                                       r"wrap\(\) returned"):
+                    optimizer.step()
+            returned.step()
+            returned.zero_grad()
+            step_on_global_batch(reference, ref_opt, x, y)
+        model.sync()
+        assert_same_parameters(model, reference, "after the refused step")
+        model.close()
+        optimizer.step()  # the user's once more
+    return each_schedule_on_rank(rank, world_size, run)
+
+
+def test_stepping_the_optimizer_given_to_wrap_raises_while_wrapped():
+    assert_no_failures(run_workers(original_optimizer_worker, 2))
