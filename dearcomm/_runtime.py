@@ -567,7 +567,9 @@ class DearRuntime:
                 handle.remove()  # nothing to wait for: no Python call per forward
                 del self._forward_handles[module]
         if self.rank == 0:
-            logger.info(
+            trial = self.auto is not None and not self.auto.settled  # auto's log line names each candidate
+            logger.log(
+                logging.DEBUG if trial else logging.INFO,
                 "dearcomm: schedule=%s update=%s, %d parameters in %d buckets on %s\n%s",
                 self.options.schedule, self.options.update, len(self.params), len(layout.buckets),
                 self.engine.backend, layout.describe(),

@@ -671,3 +671,32 @@ def test_the_probe_times_again_only_when_its_times_do_not_grow():
         kind, message, timed = result
         assert kind == "ValueError" and "2 distinct sizes" in message, (rank, kind, message)
         assert timed == 2 * 4, f"rank {rank}: {timed} timings: timed again"  # one size and the host call, 4 kinds
+
+
+def _layout_log_worker(rank, world_size):
+    import logging
+    _auto.WARMUP, _auto.TRIAL_STEPS = 1, 1
+    _auto.CONFIRM_ROUNDS = _auto.CONFIRM_MAX_ROUNDS = 1
+    records = _Records()
+    torch.manual_seed(0)
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, make_optimizer(model), schedule="auto", bucket_mb="auto")
+    steps = 0
+    for x, y in batches(60, global_batch(world_size)):
+        step_on_slice(model, optimizer, x, y, rank, world_size)
+        steps += 1
+        if model._dear.auto.settled:
+            break
+    logging.getLogger("dearcomm").removeHandler(records.handler)
+    plan = model.auto_plan()
+    return dict(settled=model._dear.auto.settled, trials=len(plan.measured_ms) + len(plan.confirmations),
+                layouts=sum("buckets on" in m for m in records), plans=sum(m.startswith("dearcomm auto") for m in records))
+
+
+def test_the_bucket_layout_is_logged_for_the_choice_not_for_every_trial():
+    """Each trial rebuilds the buckets; the layout's INFO lines were logged
+    for every candidate (a screenful per trial). auto's own lines name the
+    candidates; the layout is logged once, for what training goes on with."""
+    r = run_workers(_layout_log_worker, 2, deadline=180)[0]
+    assert r["settled"] and r["trials"] >= 3, r
+    assert r["plans"] >= 1 and r["layouts"] <= 1, r
