@@ -22,7 +22,7 @@ from tests.multiprocess import run_workers
 from tests.test_parity import make_optimizer
 from tests.test_training_features import assert_same_parameters
 from tests.test_training_features import each_schedule as each_schedule_on_rank
-from tests.test_user_loops import assert_no_failures
+from tests.test_user_loops import assert_no_failures, wrapped_pair
 
 GLOBAL_BATCH = 12
 
@@ -387,13 +387,9 @@ def original_optimizer_worker(rank, world_size):
     the fix, changes nothing, and the returned optimizer then steps as usual.
     After model.close() the optimizer is the user's again."""
     def run(schedule, update):
-        torch.manual_seed(0)
-        model = MixedNet()
-        reference = copy.deepcopy(model)
-        optimizer, ref_opt = make_optimizer("sgd", model), make_optimizer("sgd", reference)
-        model, returned = dearcomm.wrap(model, optimizer, bucket_mb=0, schedule=schedule, update=update)
-        data = list(batches(3, GLOBAL_BATCH))
-        for step, (x, y) in enumerate(data):
+        model, returned, reference, ref_opt = wrapped_pair(schedule, update, 0, optim="sgd")
+        optimizer = returned.optimizer  # the one given to wrap()
+        for step, (x, y) in enumerate(batches(3, GLOBAL_BATCH)):
             F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
             if step == 1:
                 with pytest.raises(RuntimeError, match=r"step\(\) of the SGD given to wrap\(\); step the optimizer "
