@@ -5,7 +5,7 @@ train, on a virtual clock: one compute stream, one communication channel,
 ring α–β collectives, no compute/communication contention). A prediction
 from stated assumptions, not a measurement.
 
-    python benchmarks/at_scale.py --out results/at-scale           # everything (about a minute on 2 cores)
+    python benchmarks/at_scale.py --out results/at-scale           # everything (2.5-3 minutes on 2 cores)
     python benchmarks/at_scale.py --models bert-large --world-sizes 128 --no-tune
 
 Prints and writes to --out: at-scale.txt (the assumptions, the profiles, the

@@ -172,6 +172,25 @@ class Network:
     iteration_cv: float = 0.0
     cores_share: float = 0.0
 
+    def __post_init__(self) -> None:
+        """Every figure checked where the Network is made (presets, fits and
+        dataclasses.replace included), not first in simulate()."""
+        self.costs()
+        self.host_costs()
+        self.host_costs_per_byte()
+        for name in ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown"):
+            factor = getattr(self, name)
+            if name == "comm_cpu_slowdown" and factor is None:
+                continue  # comm_slowdown stands in for it
+            if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or not math.isfinite(factor) \
+                    or factor < 1:
+                raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
+        _check_number("Network.iteration_cv", self.iteration_cv, allow_zero=True)
+        _check_number("Network.cores_share", self.cores_share, allow_zero=True)
+        lanes = self.all_reduce_lanes
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
+
     @property
     def bound_comm_cpu_slowdown(self) -> float:
         """The factor the CPU bound charges the collectives' CPU at:
@@ -339,18 +358,9 @@ def simulate(profile, *, world_size: int, network: Network, schedule: str = "dea
             raise ValueError(f"dearcomm: delays has {len(delays)} entries; the profile has {len(numels)} parameters")
         delays = [checked_delay(d, options.effective_max_delay, f"delays[{i}]") for i, d in enumerate(delays)]
         choice = choice.with_bucket_delays(bucket_delays(layout, delays))
-    costs = network.costs()
+    costs = network.costs()  # the Network checked its figures when it was made
     cpu_factor = network.bound_comm_cpu_slowdown
-    for name in ("compute_slowdown", "comm_slowdown", "comm_cpu_slowdown", "compute_cpu_slowdown"):
-        factor = cpu_factor if name == "comm_cpu_slowdown" else getattr(network, name)
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) \
-                or factor < 1:
-            raise ValueError(f"dearcomm: Network.{name} must be a finite factor >= 1, got {factor!r}")
-    _check_number("Network.iteration_cv", network.iteration_cv, allow_zero=True)
-    _check_number("Network.cores_share", network.cores_share, allow_zero=True)
     lanes = network.all_reduce_lanes
-    if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
-        raise ValueError(f"dearcomm: Network.all_reduce_lanes must be an int >= 1, got {lanes!r}")
     raw = _C.simulate(layout, comm_dtype, modules, step_ms * 1e-3, numels, choice, costs, iterations,
                       float(network.compute_slowdown), float(network.comm_slowdown), lanes, grad_ready_s,
                       pack_ms_per_mib * 1e-3 / MIB, average_ms_per_mib * 1e-3 / MIB, network.host_costs(),
@@ -390,8 +400,11 @@ def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, flo
     elif isinstance(profile, (str, os.PathLike)):
         raise TypeError(f"dearcomm: the profile is a dearcomm.TrainingProfile or a list of ModuleProfile, got a path "
                         f"({profile!r}); read a saved one with dearcomm.TrainingProfile.load(path)")
+    elif not isinstance(profile, (list, tuple)):
+        raise TypeError(f"dearcomm: the profile is a dearcomm.TrainingProfile (dearcomm.profile() measures one) or a "
+                        f"list of ModuleProfile, got {type(profile).__name__}")
     numels, dtypes, modules, grad_ready_s = [], [], [], []
-    for m in profile:
+    for m in profile:  # names are labels here (a published profile repeats a layer's)
         if not isinstance(m, ModuleProfile):
             raise TypeError(f"dearcomm: the profile holds ModuleProfile entries, got {type(m).__name__}")
         _check_number(f"module {m.name!r} forward_ms", m.forward_ms, allow_zero=True)

@@ -74,7 +74,8 @@ def main(argv=None):
     trainer.fit(model, make_loader(4096, seed=1), make_loader(1024, seed=2))
     metrics = trainer.callback_metrics
     if trainer.is_global_zero:
-        print(f"{args.strategy}: {trainer.world_size} processes, {trainer.global_step} steps, "
+        label = f"dear (schedule={args.schedule})" if args.strategy == "dear" else args.strategy
+        print(f"{label}: {trainer.world_size} processes, {trainer.global_step} steps, "
               f"val_loss {metrics['val_loss']:.3f}, val_acc {metrics['val_acc']:.3f}")
     return metrics
 

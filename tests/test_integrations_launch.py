@@ -19,7 +19,8 @@ BIN = os.path.dirname(sys.executable)
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 def test_lightning_example_under_lightnings_launcher():
     out = launch([sys.executable, "examples/lightning_train.py", "--epochs", "1"])
-    accuracy = float(re.search(r"dear: 2 processes, \d+ steps, val_loss [\d.]+, val_acc ([\d.]+)", out).group(1))
+    accuracy = float(re.search(r"dear \(schedule=dear\): 2 processes, \d+ steps, val_loss [\d.]+, "
+                               r"val_acc ([\d.]+)", out).group(1))
     assert accuracy > 0.9, out
 
 

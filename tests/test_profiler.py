@@ -246,6 +246,10 @@ def test_the_simulated_modules_add_up_to_the_whole_forward_and_backward():
     assert [(m.forward_ms, m.backward_ms) for m in exact.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
     no_totals = dataclasses.replace(skewed, forward_ms=0.0, backward_ms=0.0)
     assert [(m.forward_ms, m.backward_ms) for m in no_totals.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
+    # A total edited in memory is checked as a saved one is (a NaN was read as "no total").
+    for bad in (math.nan, -3.0):
+        with pytest.raises(ValueError, match=r"dearcomm: TrainingProfile: the profile has forward_ms = "):
+            simulate(dataclasses.replace(skewed, forward_ms=bad), world_size=2, network=free)
 
 
 def test_the_simulated_modules_place_each_gradient_where_it_was_measured():

@@ -410,43 +410,10 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(step_ms=float("nan")), ValueError, "step_ms must be"),
     (dict(pack_ms_per_mib=-1.0), ValueError, "pack_ms_per_mib must be"),
     (dict(average_ms_per_mib=math.inf), ValueError, "average_ms_per_mib must be"),
-    (dict(network=Network(alpha_us=-1, gbit_s=1)), ValueError, "Network alpha_us must be"),
     (dict(network="25gbe"), TypeError, r"got str; for a preset, network=dearcomm.network_preset\('25gbe'\)"),
     (dict(profile="profile.json"), TypeError,
      r"got a path \('profile.json'\); read a saved one with dearcomm.TrainingProfile.load\(path\)"),
-    (dict(network=Network(alpha_us=1, gbit_s=0)), ValueError, "gbit_s must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)})), ValueError, "per_kind names"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"ordered_all_reduce": (1, -1)})), ValueError,
-     "ordered_all_reduce gbit_s must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"all_reduce": (1,)})), ValueError,
-     r"per_kind\['all_reduce'\] must be \(alpha_us, gbit_s\), got \(1,\)"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, per_kind={"all_gather": "x"})), ValueError,
-     r"per_kind\['all_gather'\] must be \(alpha_us, gbit_s\)"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"ordered_all_reduce": math.inf})), ValueError,
-     "ordered_all_reduce host_ms must be"),
     (dict(iterations=0), ValueError, "iterations must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"broadcast": 1.0})), ValueError,
-     "host_ms_per_mib names"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"reduce_scatter": -0.5})), ValueError,
-     "reduce_scatter host_ms_per_mib must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms_per_mib={"all_reduce": math.inf})), ValueError,
-     "all_reduce host_ms_per_mib must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0})), ValueError, "host_ms names"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0})), ValueError,
-     "all_reduce host_ms must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, host_ms={"all_gather": math.nan})), ValueError,
-     "all_gather host_ms must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=0.5)), ValueError, "compute_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, compute_slowdown=math.inf)), ValueError, "compute_slowdown must"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=0.9)), ValueError, "comm_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, comm_slowdown=math.nan)), ValueError, "comm_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, comm_cpu_slowdown=0.5)), ValueError, "comm_cpu_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, compute_cpu_slowdown=0.9)), ValueError,
-     "compute_cpu_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, comm_cpu_slowdown=math.inf)), ValueError,
-     "comm_cpu_slowdown must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=0)), ValueError, "all_reduce_lanes must be"),
-    (dict(network=Network(alpha_us=1, gbit_s=1, all_reduce_lanes=1.5)), ValueError, "all_reduce_lanes must be"),
     (dict(profile=[ModuleProfile("m", float("nan"), 1.0, [10])]), ValueError, "'m' forward_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [0])]), ValueError, "parameter of 0 elements"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [])]), ValueError, "no parameter"),
@@ -457,12 +424,43 @@ def test_more_ranks_cost_more_and_a_faster_network_less():
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[-0.5])]), ValueError, "grad_ready_ms must be"),
     (dict(profile=[ModuleProfile("m", 1.0, 1.0, [10], grad_ready_ms=[math.nan])]), ValueError,
      "grad_ready_ms must be"),
+    (dict(profile=None), TypeError, "the profile is a dearcomm.TrainingProfile .* got NoneType"),
 ])
 def test_bad_inputs_get_clear_errors(kwargs, error, match):
     args = dict(profile=PROFILE, world_size=2, network=NETWORK)
     args.update(kwargs)
     with pytest.raises(error, match=match):
         dearcomm.simulate(args.pop("profile"), **args)
+
+
+@pytest.mark.parametrize("figures,match", [
+    (dict(alpha_us=-1, gbit_s=1), "Network alpha_us must be"),
+    (dict(alpha_us=1, gbit_s=0), "gbit_s must be"),
+    (dict(alpha_us=1, gbit_s=1, per_kind={"broadcast": (1, 1)}), "per_kind names"),
+    (dict(alpha_us=1, gbit_s=1, per_kind={"ordered_all_reduce": (1, -1)}), "ordered_all_reduce gbit_s must be"),
+    (dict(alpha_us=1, gbit_s=1, per_kind={"all_reduce": (1,)}),
+     r"per_kind\['all_reduce'\] must be \(alpha_us, gbit_s\), got \(1,\)"),
+    (dict(alpha_us=1, gbit_s=1, per_kind={"all_gather": "x"}), r"per_kind\['all_gather'\] must be \(alpha_us, gbit_s\)"),
+    (dict(alpha_us=1, gbit_s=1, host_ms={"ordered_all_reduce": math.inf}), "ordered_all_reduce host_ms must be"),
+    (dict(alpha_us=1, gbit_s=1, host_ms_per_mib={"broadcast": 1.0}), "host_ms_per_mib names"),
+    (dict(alpha_us=1, gbit_s=1, host_ms_per_mib={"reduce_scatter": -0.5}), "reduce_scatter host_ms_per_mib must be"),
+    (dict(alpha_us=1, gbit_s=1, host_ms_per_mib={"all_reduce": math.inf}), "all_reduce host_ms_per_mib must be"),
+    (dict(alpha_us=1, gbit_s=1, host_ms={"broadcast": 1.0}), "host_ms names"),
+    (dict(alpha_us=1, gbit_s=1, host_ms={"all_reduce": -1.0}), "all_reduce host_ms must be"),
+    (dict(alpha_us=1, gbit_s=1, host_ms={"all_gather": math.nan}), "all_gather host_ms must be"),
+    (dict(alpha_us=1, gbit_s=1, compute_slowdown=0.5), "compute_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, compute_slowdown=math.inf), "compute_slowdown must"),
+    (dict(alpha_us=1, gbit_s=1, comm_slowdown=0.9), "comm_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, comm_slowdown=math.nan), "comm_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, comm_cpu_slowdown=0.5), "comm_cpu_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, compute_cpu_slowdown=0.9), "compute_cpu_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, comm_cpu_slowdown=math.inf), "comm_cpu_slowdown must be"),
+    (dict(alpha_us=1, gbit_s=1, all_reduce_lanes=0), "all_reduce_lanes must be"),
+    (dict(alpha_us=1, gbit_s=1, all_reduce_lanes=1.5), "all_reduce_lanes must be"),
+])
+def test_bad_network_figures_are_refused_where_the_network_is_made(figures, match):
+    with pytest.raises(ValueError, match=match):
+        Network(**figures)
 
 
 def test_numpy_numbers_are_taken_as_numbers():
@@ -474,9 +472,8 @@ def test_numpy_numbers_are_taken_as_numbers():
     pair = Network(alpha_us=NETWORK.alpha_us, gbit_s=NETWORK.gbit_s, per_kind={"all_reduce": np.array([5.0, 10.0])})
     assert dearcomm.simulate(PROFILE, world_size=8, network=pair).iteration_ms > 0
     for figures in (np.array(3.0), torch.tensor(2.0), {5.0, 10.0}):
-        odd = Network(alpha_us=1, gbit_s=1, per_kind={"all_reduce": figures})
         with pytest.raises(ValueError, match=r"per_kind\['all_reduce'\] must be \(alpha_us, gbit_s\)"):
-            dearcomm.simulate(PROFILE, world_size=8, network=odd)
+            Network(alpha_us=1, gbit_s=1, per_kind={"all_reduce": figures})
 
 
 def test_every_schedule_and_update_runs_on_the_simulated_device():
