@@ -12,10 +12,13 @@ names it.
 """
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Dict, Optional
 
 import torch.distributed as dist
+
+from ._torch_collectives import all_gather_object_within, group_timeout
 
 SWITCHES = ("DEARCOMM_CPU_ORDERED", "DEARCOMM_CPU_POSTER")
 
@@ -29,12 +32,13 @@ def _meaning(name: str, value: Optional[str]) -> str:
     return "0" if value == "0" else "not 0"
 
 
-def check_switches(group: dist.ProcessGroup) -> None:
+def check_switches(group: dist.ProcessGroup, timeout: Optional[datetime.timedelta] = None) -> None:
     """Raises on every rank if the ranks of ``group`` set a switch
-    differently. A collective: every rank calls it."""
+    differently. A collective: every rank calls it, within ``timeout``
+    (default: the group's)."""
     mine: Dict[str, str] = {name: _meaning(name, os.environ.get(name)) for name in SWITCHES}
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
+    everyone = all_gather_object_within(mine, group, timeout or group_timeout(group),
+                                        f"the check that every rank sets {' and '.join(SWITCHES)} alike")
     differing = [name for name in SWITCHES if len({theirs[name] for theirs in everyone}) > 1]
     if differing:
         detail = "; ".join(f"{name}: " + ", ".join(f"rank {r} {theirs[name]}" for r, theirs in enumerate(everyone))

@@ -39,7 +39,6 @@ hooks; the engine's state is not something to guard on).
 """
 from __future__ import annotations
 
-import datetime
 import gc
 import itertools
 import logging
@@ -58,7 +57,7 @@ from ._delays import bucket_delays
 from ._cpu_switches import check_switches
 from ._engine_group import engine_group
 from ._priorities import bucket_priorities
-from ._torch_collectives import broadcast_within, within
+from ._torch_collectives import all_gather_object_within, broadcast_within, group_timeout, within
 from .overlap import OverlapMonitor
 from ._update import strategy_class
 from ._weak import weakly
@@ -74,17 +73,6 @@ def grad_views_enabled() -> bool:
     """DEARCOMM_GRAD_VIEWS=0 keeps .grad out of the buckets (every backward
     packs): a switch for A/B measurements and debugging, not a tuning knob."""
     return os.environ.get("DEARCOMM_GRAD_VIEWS", "1") != "0"
-
-
-def _process_group_timeout(group: dist.ProcessGroup) -> datetime.timedelta:
-    """The timeout the group was created with. An NCCL group has no CPU
-    backend and a gloo group no CUDA one: ask each device type's backend."""
-    for device in ("cpu", "cuda"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError):
-            continue
-    return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
 def buckets_of(slot) -> range:
@@ -120,7 +108,7 @@ class DearRuntime:
         self.group = options.process_group or dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
-        self.timeout = options.timeout or _process_group_timeout(self.group)
+        self.timeout = options.timeout or group_timeout(self.group)
 
         # Parameters that train, under their first name (tied weights appear once).
         self._module = module
@@ -541,7 +529,7 @@ class DearRuntime:
         device = self.params[0].device
         backend = _cuda.nccl_backend(self.group, device, self.timeout) if device.type == "cuda" else None
         if backend is None and self._engine_group is None:
-            check_switches(self.group)  # the CPU backend's: they choose its collectives
+            check_switches(self.group, self.timeout)  # the CPU backend's: they choose its collectives
             self._engine_group = engine_group(self.group, self.timeout)  # kept when auto rebuilds the engine
         choice = self.options.choice
         if self.options.priorities:
@@ -611,8 +599,9 @@ class DearRuntime:
                     seen.add(param)
                     mine_order.append(param)
         mine = [(name, tuple(p.shape), str(p.dtype)) for p, name in self.names.items()]
-        everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, (mine, [self.names[p] for p in mine_order]), group=self.group)
+        # The first backward's: a peer still in its first forward (or stalled) is bounded by wrap(timeout=).
+        everyone = all_gather_object_within((mine, [self.names[p] for p in mine_order]), self.group, self.timeout,
+                                            "the first backward's check that every rank trains the same parameters")
         for rank, (theirs, _) in enumerate(everyone):
             if theirs != mine:
                 diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))

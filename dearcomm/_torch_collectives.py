@@ -4,9 +4,10 @@ torch 2.14 calls them all_gather_single / reduce_scatter_single and deprecates
 the older all_gather_into_tensor / reduce_scatter_tensor; earlier releases
 (2.11 on common GPU images) have only the older names. Same arguments:
 (output, input, ..., group=...). And dearcomm's own collectives on the
-training group, waited for within wrap()'s timeout."""
+training group, waited for within wrap()'s timeout (else the group's)."""
 import datetime
-from typing import Dict, List, Tuple
+import pickle
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,18 @@ def within(timeout: datetime.timedelta, what: str, collective, tensor: torch.Ten
         work.wait(timeout)
     except RuntimeError as e:
         raise RuntimeError(f"dearcomm: {what} failed or did not complete within {timeout.total_seconds():g} s "
-                           f"(wrap()'s timeout): a peer stalled, died or did not call it: {e}") from e
+                           f"(wrap(timeout=), else the group's): a peer stalled, died or did not call it: {e}") from e
+
+
+def group_timeout(group) -> datetime.timedelta:
+    """The timeout the group was created with. An NCCL group has no CPU
+    backend and a gloo group no CUDA one: ask each device type's backend."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
 
 
 def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: datetime.timedelta, what: str) -> None:
@@ -47,3 +59,23 @@ def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: date
         if not sending:  # the source's own values are already in place
             for tensor, value in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
                 tensor.copy_(value)
+
+
+def all_gather_object_within(obj: Any, group, timeout: datetime.timedelta, what: str) -> List[Any]:
+    """torch's all_gather_object with each wait within ``timeout`` (see
+    within): the pickled objects' sizes gathered, then their bytes, padded
+    to the largest. On the group's device (the current GPU for NCCL)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    n = dist.get_world_size(group)
+    sizes = torch.empty(n, dtype=torch.int64, device=device)
+    within(timeout, what, all_gather_single, sizes, torch.tensor([data.numel()], device=device), group=group)
+    sizes = sizes.tolist()
+    largest = max(sizes)
+    padded = torch.zeros(largest, dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data.to(device)
+    gathered = torch.empty(n * largest, dtype=torch.uint8, device=device)
+    within(timeout, what, all_gather_single, gathered, padded, group=group)
+    gathered = gathered.cpu()
+    return [pickle.loads(gathered[r * largest:r * largest + size].numpy().tobytes()) for r, size in enumerate(sizes)]

@@ -466,6 +466,36 @@ def test_uneven_inputs_raise_at_the_timeout_and_join_is_refused_by_name():
     assert results[1][0] is None, results[1]
 
 
+def late_first_backward_worker(rank, world_size):
+    """Rank 1 stalls before its first forward (a slow data loader, a
+    debugger): rank 0's first backward meets it in the check that every rank
+    trains the same parameters, which waited for the group's timeout (30
+    minutes on gloo) and then raised gloo's text alone; it raises at
+    wrap(timeout=), naming the check."""
+    import time
+
+    model = MixedNet()
+    model, optimizer = dearcomm.wrap(model, sgd(model), timeout=PEER_TIMEOUT)
+    start = time.monotonic()
+    if rank == 1:
+        time.sleep(PEER_TIMEOUT.total_seconds() + 5)
+        return None, time.monotonic() - start
+    x, y = next(batches(1, 12))
+    try:
+        F.cross_entropy(model(local_slice(x, rank, world_size)), local_slice(y, rank, world_size)).backward()
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_peer_late_for_the_first_backward_raises_at_wraps_timeout():
+    message, seconds = run_workers(late_first_backward_worker, 2, deadline=120)[0]
+    assert message is not None and message.startswith("dearcomm: the first backward's check that every rank "
+                                                      "trains the same parameters"), message
+    assert "a peer stalled, died or did not call it" in message, message
+    assert seconds < PEER_TIMEOUT.total_seconds() + 5, f"rank 0 took {seconds:.0f} s to notice"
+
+
 # ---- an exception inside backward ---------------------------------------------------
 
 class RaiseInBackward(torch.autograd.Function):

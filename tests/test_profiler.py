@@ -486,6 +486,32 @@ def test_a_rank_that_fails_fails_every_rank_without_a_hang(how, rank0, rank1):
     assert re.search(rank1, errors[1]), errors[1]
 
 
+def _absent_peer(rank, world_size):
+    """Rank 1 never comes to profile(group=): rank 0's first meeting waits
+    for the group's timeout, then says what it was and what it means (gloo's
+    text alone named nothing)."""
+    import datetime
+    import time
+
+    group = torch.distributed.new_group(timeout=datetime.timedelta(seconds=3))
+    if rank == 1:
+        time.sleep(8)
+        return "away"
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    try:
+        dearcomm.profile(model, torch.randn(2, 4), iterations=2, warmup=1, group=group)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_peer_absent_from_the_meetings_is_named_at_the_groups_timeout():
+    message = run_workers(_absent_peer, 2, deadline=120)[0]
+    assert message.startswith("dearcomm: profile(): the ranks' meeting failed or timed out (the group's timeout"), \
+        message
+    assert "a peer stalled, died or is elsewhere" in message, message
+
+
 def test_group_needs_torch_distributed():
     with pytest.raises(ValueError, match="needs torch.distributed initialised"):
         dearcomm.profile(nn.Linear(4, 2), torch.randn(2, 4), group=object())
