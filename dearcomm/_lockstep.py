@@ -48,8 +48,7 @@ class Lockstep:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         except RuntimeError as e:  # gloo's text alone ("Timed out waiting 1800000ms for send") names nothing
             raise RuntimeError(f"dearcomm: {self.what}: the ranks' meeting failed or timed out (the group's "
-                               f"timeout, init_process_group(timeout=)): a peer stalled, died or is elsewhere: "
-                               f"{e}") from e
+                               f"timeout): a peer stalled, died or is elsewhere: {e}") from e
         return t.tolist()
 
     def start(self, iterations: int, *, steps: bool = False, failure: Optional[BaseException] = None) -> None:

@@ -57,7 +57,7 @@ class _RefuseDirectStep:
     the one wrap() returned it would apply whatever .grad holds, this rank's
     own gradient under schedule="dear" (the ranks drift apart without a word),
     while the all-gathers still write the parameters. Raises while the wrap is
-    open; after model.close() the optimizer is the user's again."""
+    open; model.close() removes it."""
 
     def __init__(self, runtime: DearRuntime) -> None:
         self._runtime = weakref.ref(runtime)
@@ -74,7 +74,6 @@ class _RefuseDirectStep:
 class DistributedOptimizer(Optimizer):
     def __init__(self, optimizer: Optimizer, runtime: DearRuntime) -> None:
         self.optimizer = optimizer
-        optimizer.register_step_pre_hook(_RefuseDirectStep(runtime))
         Optimizer.__setstate__(self, {})  # torch's hook tables; the state itself is the user's (below)
         self._runtime = runtime
         self._update: UpdateStrategy = runtime.update(optimizer, runtime)  # when and how the update runs
@@ -85,6 +84,12 @@ class DistributedOptimizer(Optimizer):
         self._scaler: Optional[weakref.ref] = None  # the GradScaler an earlier step() was given
         # clip_grad_norm_'s (max_norm, norm, unscaled, the backward it followed), applied in step()
         self._pending_clip: Optional[Tuple[float, torch.Tensor, bool, int]] = None
+
+    def refuse_direct_steps(self) -> None:
+        """From now on (the end of a wrap() that succeeded) the optimizer
+        given to wrap() refuses step() while the model is wrapped."""
+        handle = self.optimizer.register_step_pre_hook(_RefuseDirectStep(self._runtime))
+        self._runtime.on_close.append(handle.remove)
 
     # The user's optimizer owns these; delegating (not copying) keeps LR
     # schedulers, hyper-parameter edits and the user's load_state_dict(), which

@@ -124,9 +124,11 @@ class DearRuntime:
         _WRAPPED.add(self)
 
         self.engine: Optional[_C.Engine] = None
+        self._layout_logged = False  # the engine's buckets were logged at INFO
         self.params: List[nn.Parameter] = []  # forward order, once the engine exists
         self.index: Dict[nn.Parameter, int] = {}
         self.on_engine_built: List[Callable[[_C.Engine], None]] = []
+        self.on_close: List[Callable[[], None]] = []  # what close() undoes beyond the runtime's own hooks
         # The optimizer's part of reconfigure(): called while the old engine
         # exists (its state in full form); what it returns, once the new options are in.
         self.on_reconfigure: List[Callable[[], Callable[[], None]]] = []
@@ -428,6 +430,20 @@ class DearRuntime:
         self._update_hooks[self._next_hook_id] = hook
         return _UpdateHookHandle(self, self._next_hook_id)
 
+    def _log_layout(self) -> None:
+        """The buckets training goes on with, once, at INFO on rank 0; while
+        "auto" tries candidates (its own lines name them) at DEBUG, and at
+        INFO at the first step after it settles, rebuilt or not."""
+        if self.rank != 0 or self._layout_logged or self.engine is None:
+            return
+        trial = self.auto is not None and not self.auto.settled
+        layout = self.engine.layout
+        logger.log(logging.DEBUG if trial else logging.INFO,
+                   "dearcomm: schedule=%s update=%s, %d parameters in %d buckets on %s\n%s",
+                   self.options.schedule, self.options.update, len(self.params), len(layout.buckets),
+                   self.engine.backend, layout.describe())
+        self._layout_logged = not trial
+
     def after_step(self, updated: bool = True) -> None:
         """Called by the optimizer at the end of step(): which buckets' update
         hooks are due once their parameters are current; "auto" checks its
@@ -437,6 +453,7 @@ class DearRuntime:
         self.overlap.step_ended()
         if self.auto is not None:
             self.auto.step_ended()
+            self._log_layout()
         if self._update_hooks and updated:
             self._unreported = list(range(len(self.engine.layout.buckets)))
             self._reported.reset()
@@ -554,14 +571,8 @@ class DearRuntime:
             if not self._module_buckets.get(module):
                 handle.remove()  # nothing to wait for: no Python call per forward
                 del self._forward_handles[module]
-        if self.rank == 0:
-            trial = self.auto is not None and not self.auto.settled  # auto's log line names each candidate
-            logger.log(
-                logging.DEBUG if trial else logging.INFO,
-                "dearcomm: schedule=%s update=%s, %d parameters in %d buckets on %s\n%s",
-                self.options.schedule, self.options.update, len(self.params), len(layout.buckets),
-                self.engine.backend, layout.describe(),
-            )
+        self._layout_logged = False
+        self._log_layout()
         for callback in self.on_engine_built:
             callback(self.engine)
 
@@ -601,7 +612,8 @@ class DearRuntime:
         mine = [(name, tuple(p.shape), str(p.dtype)) for p, name in self.names.items()]
         # The first backward's: a peer still in its first forward (or stalled) is bounded by wrap(timeout=).
         everyone = all_gather_object_within((mine, [self.names[p] for p in mine_order]), self.group, self.timeout,
-                                            "the first backward's check that every rank trains the same parameters")
+                                            "the first backward's check that every rank trains the same parameters",
+                                            next(iter(self.names)).device)
         for rank, (theirs, _) in enumerate(everyone):
             if theirs != mine:
                 diff = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
@@ -698,6 +710,9 @@ class DearRuntime:
         self.on_engine_built.clear()
         self.on_step_skipped.clear()
         self._update_hooks.clear()
+        for undo in self.on_close:
+            undo()
+        self.on_close.clear()
 
 
 def _drain(engine: _C.Engine) -> None:

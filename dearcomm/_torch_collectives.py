@@ -7,7 +7,7 @@ the older all_gather_into_tensor / reduce_scatter_tensor; earlier releases
 training group, waited for within wrap()'s timeout (else the group's)."""
 import datetime
 import pickle
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -61,12 +61,17 @@ def broadcast_within(tensors: List[torch.Tensor], src: int, group, timeout: date
                 tensor.copy_(value)
 
 
-def all_gather_object_within(obj: Any, group, timeout: datetime.timedelta, what: str) -> List[Any]:
+def all_gather_object_within(obj: Any, group, timeout: datetime.timedelta, what: str,
+                             device: Optional[torch.device] = None) -> List[Any]:
     """torch's all_gather_object with each wait within ``timeout`` (see
-    within): the pickled objects' sizes gathered, then their bytes, padded
-    to the largest. On the group's device (the current GPU for NCCL)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
-        else torch.device("cpu")
+    within; on NCCL the watchdog's): the pickled objects' sizes gathered,
+    then their bytes, padded to the largest. On an NCCL group through
+    ``device`` (the rank's GPU: a script may not have made it current),
+    else the CPU."""
+    if dist.get_backend(group) != "nccl":
+        device = torch.device("cpu")
+    elif device is None or device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     n = dist.get_world_size(group)
     sizes = torch.empty(n, dtype=torch.int64, device=device)

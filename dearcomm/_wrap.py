@@ -195,7 +195,9 @@ def wrap(
     wrapped = DistributedOptimizer(optimizer, runtime)
     if carried is not None:
         wrapped.load_state_dict(carried)
-    return make_dear_module(module, runtime), wrapped
+    wrapped_module = make_dear_module(module, runtime)
+    wrapped.refuse_direct_steps()
+    return wrapped_module, wrapped
 
 
 def resolve_options(**options) -> Tuple[WrapOptions, Tuple[str, ...], Optional[int]]:

@@ -15,6 +15,7 @@ validated the same way, and the buckets are planned by the same planner.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -400,7 +401,7 @@ def _modules(profile) -> Tuple[List[int], List[torch.dtype], List[Tuple[str, flo
     elif isinstance(profile, (str, os.PathLike)):
         raise TypeError(f"dearcomm: the profile is a dearcomm.TrainingProfile or a list of ModuleProfile, got a path "
                         f"({profile!r}); read a saved one with dearcomm.TrainingProfile.load(path)")
-    elif not isinstance(profile, (list, tuple)):
+    elif not isinstance(profile, collections.abc.Sequence):
         raise TypeError(f"dearcomm: the profile is a dearcomm.TrainingProfile (dearcomm.profile() measures one) or a "
                         f"list of ModuleProfile, got {type(profile).__name__}")
     numels, dtypes, modules, grad_ready_s = [], [], [], []

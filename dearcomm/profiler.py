@@ -50,7 +50,7 @@ from torch import nn
 
 from ._lockstep import Lockstep
 from ._step_hooks import step_without_hooks
-from .prediction import ModuleProfile
+from .prediction import ModuleProfile, _check_number
 
 FORMAT = "dearcomm-profile"
 PASS_BYTES = 256 * 2**20  # the most gradient memory a profile copies to time a pack
@@ -97,9 +97,14 @@ class TrainingProfile:
         each iteration: each is a median over the iterations, and the medians
         of many short times, each delayed now and then by another process on
         the core, add up to less than the median whole (ResNet, 4 ranks on 2
-        cores: 528 ms against 573). Checked as TrainingProfile.load checks a
-        saved one (a profile edited in memory, dataclasses.replace, too)."""
-        _parse(self.to_dict(), "TrainingProfile")
+        cores: 528 ms against 573). The times are checked first (a profile
+        edited in memory, dataclasses.replace, too): a NaN total would read
+        as none, a NaN ready time as the module's start."""
+        for name in ("forward_ms", "backward_ms", "step_ms", "pack_ms_per_mib", "average_ms_per_mib"):
+            _check_number(f"TrainingProfile.{name}", getattr(self, name), allow_zero=True)
+        for m in self.modules:
+            for p in m.params:
+                _check_number(f"param {p.name!r} grad_ready_ms", p.grad_ready_ms, allow_zero=True)
         forward = _to_total(self.forward_ms, [m.forward_ms for m in self.modules])
         backward = _to_total(self.backward_ms, [m.backward_ms for m in self.modules])
         return [ModuleProfile(m.name, m.forward_ms * forward, m.backward_ms * backward, [p.numel for p in m.params],

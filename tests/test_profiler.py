@@ -246,10 +246,13 @@ def test_the_simulated_modules_add_up_to_the_whole_forward_and_backward():
     assert [(m.forward_ms, m.backward_ms) for m in exact.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
     no_totals = dataclasses.replace(skewed, forward_ms=0.0, backward_ms=0.0)
     assert [(m.forward_ms, m.backward_ms) for m in no_totals.for_simulation()] == [(1.0, 2.0), (2.0, 2.0)]
-    # A total edited in memory is checked as a saved one is (a NaN was read as "no total").
+    # A total edited in memory is checked (a NaN was read as "no total"); numpy's numbers are numbers.
     for bad in (math.nan, -3.0):
-        with pytest.raises(ValueError, match=r"dearcomm: TrainingProfile: the profile has forward_ms = "):
+        with pytest.raises(ValueError, match=r"dearcomm: TrainingProfile.forward_ms must be a non-negative finite"):
             simulate(dataclasses.replace(skewed, forward_ms=bad), world_size=2, network=free)
+    import numpy as np
+    assert simulate(dataclasses.replace(skewed, forward_ms=np.float32(4.5)), world_size=2, network=free,
+                    schedule="wfbp", update="replicated").iteration_ms == pytest.approx(replicated.iteration_ms)
 
 
 def test_the_simulated_modules_place_each_gradient_where_it_was_measured():

@@ -401,6 +401,7 @@ def original_optimizer_worker(rank, world_size):
         model.sync()
         assert_same_parameters(model, reference, "after the refused step")
         model.close()
+        assert not optimizer._optimizer_step_pre_hooks, "close() takes the refusal off the user's optimizer"
         optimizer.step()  # the user's once more
     return each_schedule_on_rank(rank, world_size, run)
 
