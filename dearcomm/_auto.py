@@ -587,7 +587,7 @@ class AutoPlanner:
 
     def _agreed_median(self) -> float:
         """Rank 0's median of the iterations measured: every rank decides alike."""
-        return rank0s(statistics.median(self._iteration_ms), self.runtime.group)
+        return rank0s(statistics.median(self._iteration_ms), self.runtime.group, what="auto's measured iteration")
 
     def _trial_ended(self, measured: float) -> None:
         plan = self.plans[-1] = self.plans[-1].with_trial(measured)
@@ -662,7 +662,7 @@ class AutoPlanner:
                               predicted_ms=result.predicted_ms, default_ms=default_ms,
                               candidates=len(result.candidates), step=self._steps, reason=reason,
                               network=network, profile=profile, planning_s=time.perf_counter() - started)
-        return rank0s(chosen, runtime.group)
+        return rank0s(chosen, runtime.group, what="auto's plan")
 
 
 class ProfilingFailed(ValueError):

@@ -7,12 +7,19 @@ import torch
 import torch.distributed as dist
 
 
-def rank0s(value: Any, group: Optional[dist.ProcessGroup], device: Optional[torch.device] = None) -> Any:
+def rank0s(value: Any, group: Optional[dist.ProcessGroup], device: Optional[torch.device] = None,
+           what: str = "a decision of rank 0's") -> Any:
     """``value`` as rank 0 of ``group`` has it, on every rank of the group
     (a collective: every rank calls it, the others' values are ignored).
     ``device``: where an NCCL group's broadcast runs (default: the current
-    CUDA device, which a script may not have set to the rank's own)."""
+    CUDA device, which a script may not have set to the rank's own).
+    ``what``: its name in the error where it fails or times out (the
+    group's timeout)."""
     group = group or dist.group.WORLD
     shared = [value]
-    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group, device=device)
+    try:
+        dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group, device=device)
+    except RuntimeError as e:  # gloo's text alone ("Timed out waiting 1800000ms for recv") names nothing
+        raise RuntimeError(f"dearcomm: {what} did not reach every rank (the group's timeout): a peer stalled, "
+                           f"died or is elsewhere: {e}") from e
     return shared[0]

@@ -77,5 +77,5 @@ class SelfPlanner:
         if runtime.rank == 0:
             chosen = self.make_plan(profile, network, runtime)
             logger.info("%s", chosen.describe())
-        self.plan = rank0s(chosen, runtime.group)
+        self.plan = rank0s(chosen, runtime.group, what=f"{self.schedule}'s plan")
         runtime.reconfigure(dataclasses.replace(runtime.options, **self.plan.wrap_options()))

@@ -16,6 +16,7 @@ from ._module import DearModule, make_dear_module
 from ._optimizer import DistributedOptimizer
 from ._options import WrapOptions
 from ._runtime import DearRuntime
+from ._torch_collectives import all_gather_object_within, group_timeout
 from ._self_planning import SelfPlanner, plans_itself
 from ._update.elementwise import is_elementwise, not_elementwise_message
 
@@ -336,10 +337,11 @@ def _check_same_model_on_every_rank(module: nn.Module, options: WrapOptions, opt
     lets every rank raise the same error at once instead. ``optimizer_state``:
     whether this rank's optimizer holds state (loaded before wrap()): a rank
     without it would train from other moments than the rest."""
-    group = options.process_group
-    everyone: List[Optional[tuple]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (_signature(module), _layout_options(options, auto, auto_max_delay),
-                                      optimizer_state, _optimizer_settings(optimizer)), group=group)
+    group = options.process_group or dist.group.WORLD
+    everyone = all_gather_object_within((_signature(module), _layout_options(options, auto, auto_max_delay),
+                                         optimizer_state, _optimizer_settings(optimizer)), group,
+                                        group_timeout(group), "wrap()'s check that every rank built the same model",
+                                        next(module.parameters(), torch.empty(0)).device)
     signatures, layouts, states, settings = zip(*everyone)
     me = dist.get_rank(group)
     without = _unlike_rank_0(states)

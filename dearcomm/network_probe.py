@@ -175,7 +175,8 @@ def probe_network(group: Optional[dist.ProcessGroup], device: torch.device, *,
                        for kind, backend in backends.items()}
         host_bytes = full.numel() * 4
         # Rank 0's share too: every rank holds the same Network, hosts of other core counts included.
-        rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group)
+        rows, host_cpu_ms, share = rank0s((rows, host_cpu_ms, cores_share(device)) if rank == 0 else None, group,
+                                          what="the network probe's measurements")
         # Absolute weights: the planner sums the times of 1-64 MiB buckets, and a
         # link's burst allowance passes the smallest size faster than its rate.
         try:  # every rank fits rank 0's rows: all of them fail, and time again, alike

@@ -496,6 +496,39 @@ def test_a_peer_late_for_the_first_backward_raises_at_wraps_timeout():
     assert seconds < PEER_TIMEOUT.total_seconds() + 5, f"rank 0 took {seconds:.0f} s to notice"
 
 
+def absent_peer_worker(rank, world_size, where):
+    """Rank ``absent`` never comes to a meeting that waits for the group's
+    timeout (3 s here): wrap()'s comparison of the models, or a decision
+    rank 0 shares (auto's plan); the waiting rank raises a dearcomm: error
+    naming it (gloo's text alone named nothing)."""
+    import time
+
+    from dearcomm._rank0 import rank0s
+    group = torch.distributed.new_group(timeout=datetime.timedelta(seconds=3))
+    absent = 1 if where == "wrap" else 0  # rank 0's broadcast may leave before anyone receives it
+    if rank == absent:
+        time.sleep(8)
+        return None
+    try:
+        if where == "wrap":
+            model = MixedNet()
+            dearcomm.wrap(model, sgd(model), process_group=group)
+        else:
+            rank0s("plan", group, what="auto's plan")
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("wrap", "dearcomm: wrap()'s check that every rank built the same model failed or did not complete within 3 s"),
+    ("rank0s", "dearcomm: auto's plan did not reach every rank (the group's timeout): a peer stalled, died"),
+])
+def test_a_peer_absent_from_a_meeting_on_the_groups_timeout_is_named(where, message):
+    got = [r for r in run_workers(absent_peer_worker, 2, where, deadline=120) if r is not None]
+    assert len(got) == 1 and got[0].startswith(message), got
+
+
 # ---- an exception inside backward ---------------------------------------------------
 
 class RaiseInBackward(torch.autograd.Function):
