@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _exit
+from ._torch_collectives import peer_missing
 
 
 class PeerFailed(ValueError):
@@ -46,9 +47,8 @@ class Lockstep:
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        except RuntimeError as e:  # gloo's text alone ("Timed out waiting 1800000ms for send") names nothing
-            raise RuntimeError(f"dearcomm: {self.what}: the ranks' meeting failed or timed out (the group's "
-                               f"timeout): a peer stalled, died or is elsewhere: {e}") from e
+        except RuntimeError as e:
+            raise peer_missing(f"{self.what}: the ranks' meeting failed or timed out", e) from e
         return t.tolist()
 
     def start(self, iterations: int, *, steps: bool = False, failure: Optional[BaseException] = None) -> None:

@@ -6,6 +6,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ._torch_collectives import peer_missing
+
 
 def rank0s(value: Any, group: Optional[dist.ProcessGroup], device: Optional[torch.device] = None,
            what: str = "a decision of rank 0's") -> Any:
@@ -19,7 +21,6 @@ def rank0s(value: Any, group: Optional[dist.ProcessGroup], device: Optional[torc
     shared = [value]
     try:
         dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group, device=device)
-    except RuntimeError as e:  # gloo's text alone ("Timed out waiting 1800000ms for recv") names nothing
-        raise RuntimeError(f"dearcomm: {what} did not reach every rank (the group's timeout): a peer stalled, "
-                           f"died or is elsewhere: {e}") from e
+    except RuntimeError as e:
+        raise peer_missing(f"{what} did not reach every rank", e) from e
     return shared[0]

@@ -35,6 +35,13 @@ def within(timeout: datetime.timedelta, what: str, collective, tensor: torch.Ten
                            f"(wrap(timeout=), else the group's): a peer stalled, died or did not call it: {e}") from e
 
 
+def peer_missing(what: str, error: Exception) -> RuntimeError:
+    """The error where one of dearcomm's collectives that wait for the
+    group's timeout failed (``what``: which, and how): gloo's text alone
+    ("Timed out waiting 1800000ms for recv") names nothing."""
+    return RuntimeError(f"dearcomm: {what} (the group's timeout): a peer stalled, died or is elsewhere: {error}")
+
+
 def group_timeout(group) -> datetime.timedelta:
     """The timeout the group was created with. An NCCL group has no CPU
     backend and a gloo group no CUDA one: ask each device type's backend."""
